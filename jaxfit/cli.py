@@ -93,7 +93,7 @@ def fit_command(
     if batch_size is None:
         options.grid()
     err = Console(stderr=True)
-    out = Console()
+    out = Console() if sys.stdout.isatty() else Console(width=160)
     progress = None if quiet else ProgressPrinter(err)
     if batch_size is None:
         result = fit_batch(source, options, progress=progress)
@@ -112,15 +112,15 @@ def examples_command() -> None:
     """List the built-in example workloads and what they are."""
     from rich.table import Table
 
-    from jaxfit.examples import DEFAULT_EXAMPLE, describe_example, list_examples
+    from jaxfit.examples import DEFAULT_EXAMPLE, example_description, list_examples, load_config
 
     table = Table(title="built-in examples (configs/*.yaml)", title_justify="left")
     table.add_column("name")
     table.add_column("family")
     table.add_column("description")
     for name in list_examples():
-        family, description = describe_example(name)
-        table.add_row(name + (" (default)" if name == DEFAULT_EXAMPLE else ""), family, description)
+        family = load_config(name).family
+        table.add_row(name + (" (default)" if name == DEFAULT_EXAMPLE else ""), family, example_description(name))
     Console().print(table)
 
 

@@ -397,40 +397,33 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
 
         answer = found.answer
         final = outcomes[answer]
+        neighbour = outcomes.get(answer + grid.step)
         if options.verify and not autotune_search:
-            # The search compiled without autotuning; compile the winner as it will really run.
-            while True:
-                _notify(progress, "verify", batch=answer)
-                final = child.compile([answer], autotune=True)[answer]
-                if final.memory is None and not final.oom:
-                    _raise_compile_error(final)
-                candidates.append(Candidate.of(final, budget))
-                if final.memory is not None and final.memory.peak_bytes <= budget:
-                    break
-                if answer - grid.step < grid.first:
-                    raise DoesNotFitError(
-                        f"batch {answer} fits only without autotuning and no smaller batch is allowed; "
-                        "raise --mem-fraction or lower --min-batch"
-                    )
-                answer -= grid.step
+            # The search compiled without autotuning; the program that will really run is the
+            # autotuned one, whose peak near the limit can differ by more than a batch step.
+            answer, checked = _verify(child, answer, grid, budget, progress)
+            candidates += [Candidate.of(o, budget) for _, o in sorted(checked.items())]
+            final = checked[answer]
+            neighbour = checked.get(answer + grid.step, neighbour)
         overhead = child.process_overhead() if info.limit_sensitive else {"bytes": 0, "method": "not a GPU"}
     finally:
         child.close()
 
     assert final.memory is not None
     compiles = sum(1 for c in candidates if not c.cached)
+    outcome = "max" if answer == grid.last else "boundary"
     message = (
         f"batch {answer} fits: peak {budget_mod.format_bytes(final.memory.peak_bytes)} of a "
         f"{budget_mod.format_bytes(budget)} budget"
-        + (f"; batch {answer + grid.step} needs {budget_mod.format_bytes(outcomes[answer + grid.step].memory.peak_bytes)}"
-           if found.outcome == "boundary" and answer + grid.step in outcomes
-           and outcomes[answer + grid.step].memory is not None else "")
-        + (f"; --max-batch {grid.last} reached, larger batches may fit too" if found.outcome == "max" else "")
+        + (f"; batch {answer + grid.step} needs {budget_mod.format_bytes(neighbour.memory.peak_bytes)}"
+           if outcome == "boundary" and neighbour is not None and neighbour.memory is not None
+           else f"; batch {answer + grid.step} runs out of memory while compiling" if outcome == "boundary" else "")
+        + (f"; --max-batch {grid.last} reached, larger batches may fit too" if outcome == "max" else "")
     )
     result = FitResult(
         mode="batch", batch_size=answer, multiple_of=grid.step, mem_fraction=fraction, limit_bytes=limit,
         headroom_bytes=options.headroom_bytes, budget_bytes=budget, peak_bytes=final.memory.peak_bytes,
-        outcome=found.outcome, device=_device_dict(info, total), workload=child.workload_info,
+        outcome=outcome, device=_device_dict(info, total), workload=child.workload_info,
         compiles=compiles, rounds=rounds, wall_seconds=round(time.perf_counter() - start, 3),
         candidates=candidates, process_overhead_bytes=overhead.get("bytes"),
         process_overhead_method=overhead.get("method"), message=message,
@@ -438,6 +431,46 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
     _store_answer(options, key, result)
     _notify(progress, "done", result=result)
     return result
+
+
+def _verify(child: CompileChild, answer: int, grid: Grid, budget: int,
+            progress: Progress | None) -> tuple[int, dict[int, CompileOutcome]]:
+    """Settle the boundary again with autotuned compiles: the answer must fit, its neighbour not.
+
+    Each round compiles the answer and both neighbours concurrently, so a boundary that moved by
+    one step costs no extra round.
+
+    Returns:
+      The verified answer and every autotuned compile.
+    """
+    checked: dict[int, CompileOutcome] = {}
+
+    def fits(b: int) -> bool:
+        m = checked[b].memory
+        return m is not None and m.peak_bytes <= budget
+
+    while True:
+        batches = [b for b in (answer - grid.step, answer, answer + grid.step)
+                   if grid.first <= b <= grid.last and b not in checked]
+        if batches:
+            _notify(progress, "verify", batch=answer, batches=batches)
+            got = child.compile(batches, autotune=True, threads=len(batches),
+                                on_result=lambda o: _notify(progress, "compiled", outcome=o, budget=budget))
+            for o in got.values():
+                if o.memory is None and not o.oom:
+                    _raise_compile_error(o)
+            checked.update(got)
+        if fits(answer):
+            if answer + grid.step in checked and fits(answer + grid.step):
+                answer += grid.step  # autotuning squeezed harder: the boundary is higher
+                continue
+            return answer, checked
+        if answer - grid.step < grid.first:
+            raise DoesNotFitError(
+                f"batch {answer} fits only without autotuning and no smaller batch is allowed; "
+                "raise --mem-fraction or lower --min-batch"
+            )
+        answer -= grid.step
 
 
 # -- fit inverted: the smallest fraction ----------------------------------------------------------
@@ -512,42 +545,64 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
         limit = limit_of(units)
     else:
         outcomes: dict[int, tuple[CompileOutcome, int]] = {}
+        verified: dict[int, tuple[CompileOutcome, int]] = {}
+        budget_at = lambda limit: limit - options.headroom_bytes  # noqa: E731
 
-        def evaluate(xs: list[int]) -> dict[int, float]:
+        def compile_at(units_list: list[int], autotune: bool) -> dict[int, tuple[CompileOutcome, int]]:
             nonlocal rounds, compiles
             rounds += 1
-            fractions = [-x / FRACTION_STEPS for x in xs]
-            _notify(progress, "round", round=rounds, fractions=fractions)
-            answers = _compile_under_fractions(source, batch_size, fractions, total, gpu_total, cache_path)
-            excess = {}
-            for x, (outcome, limit) in zip(xs, answers):
+            fractions = [u / FRACTION_STEPS for u in units_list]
+            _notify(progress, "round", round=rounds, fractions=fractions, autotune=autotune)
+            answers = _compile_under_fractions(source, batch_size, fractions, total, gpu_total, cache_path, autotune)
+            for u, (outcome, limit) in zip(units_list, answers):
                 if outcome.memory is None and not outcome.oom:
                     _raise_compile_error(outcome)
                 compiles += 0 if outcome.cached else 1
-                outcomes[-x] = (outcome, limit)
-                _notify(progress, "compiled", outcome=outcome, budget=limit - options.headroom_bytes,
-                        fraction=-x / FRACTION_STEPS)
-                excess[x] = math.inf if outcome.memory is None else outcome.memory.peak_bytes - (limit - options.headroom_bytes)
-            return excess
+                _notify(progress, "compiled", outcome=outcome, budget=budget_at(limit), fraction=u / FRACTION_STEPS)
+            return dict(zip(units_list, answers))
 
+        def excess(outcome: CompileOutcome, limit: int) -> float:
+            return math.inf if outcome.memory is None else outcome.memory.peak_bytes - budget_at(limit)
+
+        def evaluate(xs: list[int]) -> dict[int, float]:
+            got = compile_at([-x for x in xs], autotune=False)
+            outcomes.update(got)
+            return {x: excess(*got[-x]) for x in xs}
+
+        # Search x = -units, so that "the largest x that fits" is the smallest fraction.
         grid = Grid(-FRACTION_STEPS, -lowest, 1)
-        seeds = sorted({-estimate, -lowest})
-        known = evaluate(seeds)
-        known.setdefault(-FRACTION_STEPS, full.memory.peak_bytes - (total - options.headroom_bytes))
+        known = evaluate(sorted({-estimate, -((lowest + estimate) // 2)}))
+        known.setdefault(-FRACTION_STEPS, full.memory.peak_bytes - budget_at(total))
         found = search(evaluate, grid, width=3, known=known)
         if found.answer is None:
             raise DoesNotFitError(f"batch {batch_size} does not fit under any fraction of this device")
         units = -found.answer
-        if units == FRACTION_STEPS:
+        if options.verify:
+            # As in fit_batch: the autotuned program must fit at the answer, and not one step below.
+            while True:
+                todo = [u for u in (units - 1, units) if lowest <= u <= FRACTION_STEPS and u not in verified]
+                if todo:
+                    verified.update(compile_at(todo, autotune=True))
+                if excess(*verified[units]) <= 0:
+                    if units - 1 in verified and excess(*verified[units - 1]) <= 0:
+                        units -= 1
+                        continue
+                    break
+                if units >= FRACTION_STEPS:
+                    raise DoesNotFitError(
+                        f"batch {batch_size} fits the whole device only without autotuning; use a smaller batch"
+                    )
+                units += 1
+        chosen = verified.get(units) or outcomes.get(units)
+        if chosen is None:  # the answer is the whole device, compiled first
             peak, limit = full.memory.peak_bytes, total
         else:
-            outcome, limit = outcomes[units]
-            assert outcome.memory is not None
-            peak = outcome.memory.peak_bytes
-        for u in sorted(outcomes):
-            o, lim = outcomes[u]
-            candidates.append(Candidate.of(o, lim - options.headroom_bytes, mem_fraction=u / FRACTION_STEPS,
-                                           limit_bytes=lim))
+            assert chosen[0].memory is not None
+            peak, limit = chosen[0].memory.peak_bytes, chosen[1]
+        for table in (outcomes, verified):
+            for u in sorted(table):
+                o, lim = table[u]
+                candidates.append(Candidate.of(o, budget_at(lim), mem_fraction=u / FRACTION_STEPS, limit_bytes=lim))
 
     fraction = units / FRACTION_STEPS
     overhead_bytes = overhead.get("bytes")
@@ -570,7 +625,8 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
 
 
 def _compile_under_fractions(source: Mapping[str, Any], batch_size: int, fractions: list[float], total: int,
-                             gpu_total: int | None, cache_path: str | None) -> list[tuple[CompileOutcome, int]]:
+                             gpu_total: int | None, cache_path: str | None,
+                             autotune: bool) -> list[tuple[CompileOutcome, int]]:
     """Compile ``batch_size`` once under each fraction of ``total``, one child each, concurrently."""
     import concurrent.futures
 
@@ -579,7 +635,7 @@ def _compile_under_fractions(source: Mapping[str, Any], batch_size: int, fractio
         with CompileChild(source, child_fraction, cache_path=cache_path) as child:
             assert child.info is not None
             limit = int(child.info.bytes_limit) if child.info.bytes_limit else int(fraction * total)
-            return child.compile([batch_size], autotune=False)[batch_size], limit
+            return child.compile([batch_size], autotune=autotune)[batch_size], limit
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(fractions)) as pool:
         return list(pool.map(one, fractions))

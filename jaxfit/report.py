@@ -67,7 +67,7 @@ def result_table(result: FitResult) -> Table:
         row += [format_bytes(c.argument_bytes), format_bytes(c.temp_bytes), format_bytes(c.output_bytes),
                 format_bytes(c.alias_bytes), format_bytes(c.peak_bytes)]
         row.append("[green]yes[/]" if c.fits else ("[red]OOM[/]" if c.oom else "[red]no[/]"))
-        note = " (cache)" if c.cached else (" (autotuned)" if c.autotuned and result.device.get("limit_sensitive") else "")
+        note = " cache" if c.cached else (" tuned" if c.autotuned and result.device.get("limit_sensitive") else "")
         row.append(f"{c.compile_seconds:.1f}{note}")
         table.add_row(*row)
     return table
@@ -111,7 +111,8 @@ class ProgressPrinter:
         elif event == "round":
             what = (f"fractions {', '.join(f'{f:.2f}' for f in data['fractions'])}" if "fractions" in data
                     else f"batch {', '.join(map(str, data['batches']))}")
-            c.print(f"[dim]round {data['round']}: compiling {what}[/]")
+            tuned = " with autotuning on (verification)" if data.get("autotune") else ""
+            c.print(f"[dim]round {data['round']}: compiling {what}{tuned}[/]")
         elif event == "compiled":
             o = data["outcome"]
             where = f" @ {data['fraction']:.2f}" if "fraction" in data else ""
@@ -124,6 +125,7 @@ class ProgressPrinter:
                     f"{'fits' if fits else 'does not fit'} ({o.compile_seconds:.1f} s{', cache' if o.cached else ''})[/]"
                 )
         elif event == "verify":
-            c.print(f"[dim]verifying batch {data['batch']} with autotuning on...[/]")
+            c.print(f"[dim]verifying batch {data['batch']} with autotuning on: compiling "
+                    f"{', '.join(map(str, data['batches']))}[/]")
         elif event == "cached":
             c.print("[dim]answered from the cache (use --no-cache to compile afresh)[/]")

@@ -1,5 +1,7 @@
 """A workload: a train step, its abstract arguments as a function of batch size, and how it is jitted.
 
+JAX is imported lazily, so that importing jaxfit (and answering from the cache) stays fast.
+
 jaxfit never runs a workload. It lowers and compiles it with abstract arguments
 (``jax.ShapeDtypeStruct`` pytrees) at candidate batch sizes and reads XLA's memory analysis.
 """
@@ -9,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
-
-import jax
 
 AbstractArgsFn = Callable[[int], tuple[Any, ...]]
 
@@ -43,6 +43,8 @@ class Workload:
 
     def jitted(self) -> Any:
         """The step wrapped in ``jax.jit`` with this workload's donation and shardings."""
+        import jax
+
         kwargs: dict[str, Any] = {"donate_argnums": self.donate_argnums}
         if self.static_argnums:
             kwargs["static_argnums"] = self.static_argnums
@@ -92,6 +94,7 @@ def from_state(
 
 def abstractify(tree: Any) -> Any:
     """Replace every array leaf of ``tree`` by its ``jax.ShapeDtypeStruct`` (shardings kept)."""
+    import jax
 
     def leaf(x: Any) -> Any:
         if hasattr(x, "shape") and hasattr(x, "dtype"):
@@ -107,6 +110,7 @@ def abstractify(tree: Any) -> Any:
 
 def count_bytes(tree: Any) -> int:
     """Total bytes of the array leaves of ``tree`` (abstract or concrete)."""
+    import jax
     total = 0
     for x in jax.tree_util.tree_leaves(tree):
         if hasattr(x, "shape") and hasattr(x, "dtype"):

@@ -1,0 +1,36 @@
+"""Shared fixtures: an isolated cache, a tiny fit question, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own cache folder (children inherit it through the environment)."""
+    cache_dir = tmp_path / "jaxfit-cache"
+    monkeypatch.setenv("JAXFIT_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    return cache_dir
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    """Run ``jaxfit ARGS`` as a user would; returns the CompletedProcess."""
+
+    def run(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jaxfit.cli", *args], capture_output=True, text=True,
+            cwd=cwd or tmp_path, env=dict(os.environ), timeout=timeout,
+        )
+
+    return run

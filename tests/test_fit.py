@@ -1,0 +1,128 @@
+"""fit on the CPU with real compiles: exact boundaries, the inverse, the cache, progress."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import jaxfit
+from jaxfit.examples import build_workload
+from jaxfit.memory import analyse
+
+MiB = 1 << 20
+# mlp-tiny on a pretend 8 MiB device at fraction 0.5: a 4 MiB budget, an answer in the hundreds.
+OPTIONS = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=8 * MiB, max_batch=4096)
+
+
+def peak_in_process(example: str, batch: int) -> int:
+    return analyse(build_workload(example).lower(batch).compile()).peak_bytes
+
+
+def test_fit_batch_returns_the_exact_compiled_boundary():
+    events: list[str] = []
+    result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), OPTIONS, progress=lambda e, d: events.append(e))
+    assert result.outcome == "boundary"
+    assert result.budget_bytes == 4 * MiB
+    by_batch = {c.batch_size: c for c in result.candidates}
+    assert by_batch[result.batch_size].fits and by_batch[result.batch_size].peak_bytes <= result.budget_bytes
+    assert not by_batch[result.batch_size + 1].fits
+    # The child's numbers are the compiler's: the same compile in this process agrees.
+    assert peak_in_process("mlp-tiny", result.batch_size) == result.peak_bytes
+    assert peak_in_process("mlp-tiny", result.batch_size + 1) > result.budget_bytes
+    assert result.rounds < 8 and result.compiles == len(result.candidates)
+    assert {"start", "round", "compiled", "done"} <= set(events)
+    assert result.device["platform"] == "cpu" and result.device["total_bytes"] == 8 * MiB
+    d = result.to_dict()
+    for key in ("batch_size", "multiple_of", "mem_fraction", "budget_bytes", "peak_bytes", "device", "compiles",
+                "wall_seconds", "candidates"):
+        assert key in d
+    for key in ("batch_size", "peak_bytes", "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "fits"):
+        assert key in d["candidates"][0]
+
+
+def test_multiple_of_and_bounds_are_respected():
+    options = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=8 * MiB, multiple_of=8, min_batch=8,
+                                max_batch=4096)
+    result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
+    assert result.batch_size % 8 == 0
+    assert all(c.batch_size % 8 == 0 for c in result.candidates)
+    by_batch = {c.batch_size: c for c in result.candidates}
+    assert by_batch[result.batch_size].fits and not by_batch[result.batch_size + 8].fits
+
+
+def test_max_batch_reached_is_reported_not_hidden():
+    options = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=8 * MiB, max_batch=16)
+    result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
+    assert result.batch_size == 16 and result.outcome == "max"
+    assert "--max-batch 16 reached" in result.message
+
+
+def test_headroom_shrinks_the_budget_and_the_answer():
+    base = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), OPTIONS)
+    kept = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"),
+                            jaxfit.FitOptions(**{**OPTIONS.__dict__, "headroom_bytes": 1 * MiB}))
+    assert kept.budget_bytes == base.budget_bytes - MiB
+    assert kept.batch_size < base.batch_size
+
+
+def test_inverse_finds_the_smallest_fraction_for_a_batch():
+    batch = 200
+    result = jaxfit.fit_fraction(jaxfit.example_source("mlp-tiny"), batch, OPTIONS)
+    peak = peak_in_process("mlp-tiny", batch)
+    assert result.mode == "fraction" and result.peak_bytes == peak
+    total = 8 * MiB
+    assert peak <= int(total * result.mem_fraction)
+    assert peak > int(total * (result.mem_fraction - 0.01))
+    assert result.process_overhead_bytes == 0  # not a GPU
+
+
+def test_second_fit_answers_from_the_cache_in_under_a_second(isolated_cache):
+    source = jaxfit.example_source("mlp-tiny")
+    first = jaxfit.fit_batch(source, OPTIONS)
+    assert not first.cached and (isolated_cache / "cache.sqlite3").exists()
+    start = time.perf_counter()
+    again = jaxfit.fit_batch(source, OPTIONS)
+    assert time.perf_counter() - start < 1.0
+    assert again.cached and again.batch_size == first.batch_size and again.candidates == first.candidates
+    # A different question (another headroom) misses the answer cache but reuses compiles.
+    other = jaxfit.fit_batch(source, jaxfit.FitOptions(**{**OPTIONS.__dict__, "headroom_bytes": 1}))
+    assert not other.cached and any(c.cached for c in other.candidates)
+
+
+def test_no_cache_writes_nothing(isolated_cache):
+    jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), jaxfit.FitOptions(**{**OPTIONS.__dict__, "use_cache": False}))
+    assert not isolated_cache.exists()
+
+
+def test_entry_workload_from_a_user_module(monkeypatch):
+    from conftest import FIXTURES
+
+    monkeypatch.chdir(FIXTURES)
+    result = jaxfit.fit_batch(jaxfit.entry_source("user_workloads:make_workload"),
+                              jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=4 * MiB, max_batch=8192))
+    assert result.workload["name"] == "user-mlp" and result.outcome == "boundary"
+
+
+@pytest.mark.parametrize(
+    "factory,error,match",
+    [
+        ("make_not_a_workload", jaxfit.WorkloadError, "returned dict, not a jaxfit.Workload"),
+        ("make_raises", jaxfit.WorkloadError, "the factory raised RuntimeError: dataset not found"),
+        ("no_such_function", jaxfit.WorkloadError, "has no function 'no_such_function'"),
+        ("make_bad_shapes", jaxfit.CompileError, "for a reason other than memory"),
+    ],
+)
+def test_bad_entries_are_one_line_errors(monkeypatch, factory, error, match):
+    from conftest import FIXTURES
+
+    monkeypatch.chdir(FIXTURES)
+    with pytest.raises(error, match=match) as info:
+        jaxfit.fit_batch(jaxfit.entry_source(f"user_workloads:{factory}"), OPTIONS)
+    assert "\n" not in str(info.value)
+
+
+def test_nothing_fits_says_what_the_smallest_batch_needs():
+    tiny = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=256 * 1024)  # a 128 KiB budget
+    with pytest.raises(jaxfit.DoesNotFitError, match=r"not even batch 1 fits .*about fraction"):
+        jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), tiny)
