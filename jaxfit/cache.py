@@ -4,7 +4,8 @@ Two tables in one file:
 
 - ``compiles``: one compile's memory analysis, keyed by the lowered program's fingerprint, the
   limit the compiler saw, the jax version, the device kind and the compile options. Written by the
-  compile child; always safe, since the key is the program itself.
+  compile child (:class:`CompileCache` lives with the compile server, which must run without
+  jaxfit installed); always safe, since the key is the program itself.
 - ``answers``: a whole fit's result, keyed by the question (workload identity, fraction, bounds,
   headroom, device, versions). Read by the parent without starting a child, which is what makes a
   repeat answer in well under a second.
@@ -22,8 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jaxfit._probe.jaxfit_compile_server import CompileCache
+
+__all__ = ["AnswerCache", "CompileCache", "default_cache_path"]
+
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS compiles (key TEXT PRIMARY KEY, memory TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, result TEXT NOT NULL, created REAL NOT NULL);
 """
 
@@ -36,58 +40,31 @@ def default_cache_path() -> Path:
     return Path(root) / "cache.sqlite3"
 
 
-class _Store:
-    def __init__(self, path: str | os.PathLike[str], table: str) -> None:
+class AnswerCache:
+    """Whole fit results in SQLite, keyed by the question asked."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._table = table
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
         with self._lock, self._db:
             self._db.executescript(SCHEMA)
 
-    def _get(self, key: str, column: str) -> Any:
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The result stored under ``key``, or ``None``."""
         with self._lock:
-            row = self._db.execute(f"SELECT {column} FROM {self._table} WHERE key = ?", (key,)).fetchone()
+            row = self._db.execute("SELECT result FROM answers WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def _put(self, key: str, column: str, value: Any) -> None:
+    def put(self, key: str, result: dict[str, Any]) -> None:
+        """Store one result (one transaction)."""
         with self._lock, self._db:
             self._db.execute(
-                f"INSERT OR REPLACE INTO {self._table} (key, {column}, created) VALUES (?, ?, ?)",
-                (key, json.dumps(value), time.time()),
+                "INSERT OR REPLACE INTO answers (key, result, created) VALUES (?, ?, ?)",
+                (key, json.dumps(result), time.time()),
             )
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-class CompileCache(_Store):
-    """Memory analyses of single compiles, keyed by program fingerprint and compile context."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(path, "compiles")
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The memory report stored under ``key``, or ``None``."""
-        return self._get(key, "memory")
-
-    def put(self, key: str, memory: dict[str, Any]) -> None:
-        """Store one memory report."""
-        self._put(key, "memory", memory)
-
-
-class AnswerCache(_Store):
-    """Whole fit results, keyed by the question asked."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(path, "answers")
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The result stored under ``key``, or ``None``."""
-        return self._get(key, "result")
-
-    def put(self, key: str, result: dict[str, Any]) -> None:
-        """Store one result."""
-        self._put(key, "result", result)

@@ -10,11 +10,13 @@ import dataclasses
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from jaxfit import errors
@@ -62,6 +64,9 @@ class CompileOutcome:
     autotuned: bool = True
 
 
+PROBE_DIR = str(Path(__file__).resolve().parent / "_probe")
+
+
 def child_environment(mem_fraction: float, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a compile child: the target fraction, preallocation off."""
     env = dict(os.environ)
@@ -71,6 +76,29 @@ def child_environment(mem_fraction: float, extra: Mapping[str, str] | None = Non
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
+
+
+def launch_for(source: Mapping[str, Any], python: str = sys.executable) -> tuple[list[str], dict[str, str], str | None]:
+    """``(argv, extra environment, cwd)`` that start a compile server for ``source``.
+
+    A built-in example or ``--entry`` runs in ``python -m jaxfit.worker``. A training script runs
+    as itself, with the probe folder first on PYTHONPATH: its ``sitecustomize`` intercepts the
+    jitted step's first call and serves compiles from inside the script (see
+    :mod:`jaxfit._probe.sitecustomize`), so the script's own environment needs no jaxfit.
+    """
+    if source.get("kind") != "script":
+        return [python, "-m", "jaxfit.worker"], {"JAXFIT_WORKLOAD_SOURCE": json.dumps(dict(source))}, None
+    path = os.environ.get("PYTHONPATH")
+    extra = {
+        "PYTHONPATH": PROBE_DIR + (os.pathsep + path if path else ""),
+        "JAXFIT_PROBE_STEP_NAME": source["step_name"],
+        "WANDB_MODE": "disabled",  # the probe never trains, so it must not create a tracked run
+    }
+    if source.get("batch_size"):
+        extra["JAXFIT_PROBE_BATCH_SIZE"] = str(source["batch_size"])
+    if source.get("batch_arg") is not None:
+        extra["JAXFIT_PROBE_BATCH_ARG"] = str(source["batch_arg"])
+    return list(source["command"]), extra, source.get("cwd")
 
 
 class CompileChild:
@@ -103,6 +131,7 @@ class CompileChild:
         self.info: DeviceInfo | None = None
         self.workload_info: dict[str, Any] = {}
         self._proc: subprocess.Popen[bytes] | None = None
+        self._requests: Any = None
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._log: collections.deque[str] = collections.deque(maxlen=60)
         self._next_id = 0
@@ -116,22 +145,31 @@ class CompileChild:
         self.close()
 
     def start(self) -> DeviceInfo:
-        """Start the child and wait until it has built the workload."""
+        """Start the child and wait until it has built the workload (or reached the step)."""
+        argv, extra, cwd = launch_for(self.source, self.python)
         reply_r, reply_w = os.pipe()
+        request_r, request_w = os.pipe()
         log_r, log_w = os.pipe()
-        spec = {"source": self.source, "cache_path": self.cache_path}
+        extra = dict(extra, JAXFIT_REPLY_FD=str(reply_w), JAXFIT_REQUEST_FD=str(request_r))
+        if self.cache_path:
+            extra["JAXFIT_COMPILE_CACHE"] = self.cache_path
         try:
             self._proc = subprocess.Popen(
-                [self.python, "-m", "jaxfit.worker", "--spec", json.dumps(spec), "--reply-fd", str(reply_w)],
-                stdin=subprocess.PIPE, stdout=log_w, stderr=log_w, pass_fds=(reply_w,),
-                env=child_environment(self.mem_fraction),
+                argv, stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w, pass_fds=(reply_w, request_r),
+                env=child_environment(self.mem_fraction, extra), cwd=cwd, start_new_session=True,
             )
+        except OSError as e:
+            for fd in (reply_r, reply_w, request_r, request_w, log_r, log_w):
+                os.close(fd)
+            raise errors.ConfigError(f"cannot start {argv[0]!r}: {e.strerror}; check the command") from None
         finally:
-            os.close(reply_w)
-            os.close(log_w)
+            if self._proc is not None:
+                for fd in (reply_w, request_r, log_w):
+                    os.close(fd)
+        self._requests = os.fdopen(request_w, "w", buffering=1)
         threading.Thread(target=self._read_replies, args=(reply_r,), daemon=True).start()
         threading.Thread(target=self._read_log, args=(log_r,), daemon=True).start()
-        ready = self._receive(self.start_timeout, "start the compile child")
+        ready = self._receive(self.start_timeout, self._start_doing())
         if ready.get("op") == "error":
             self.close()
             message = ready.get("message", "unknown error")
@@ -151,14 +189,25 @@ class CompileChild:
         if proc is None:
             return
         try:
-            if proc.poll() is None and proc.stdin:
-                proc.stdin.write(b'{"op": "quit"}\n')
-                proc.stdin.flush()
-                proc.stdin.close()
+            if proc.poll() is None and self._requests is not None:
+                self._requests.write('{"op": "quit"}\n')
+                self._requests.flush()
             proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            if proc.poll() is None:
+                try:  # the whole session: a script's data-loader workers too
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    proc.kill()
+                proc.wait()
+            if self._requests is not None:
+                try:
+                    self._requests.close()
+                except OSError:
+                    pass
+                self._requests = None
 
     # -- I/O ------------------------------------------------------------------------------
     def _read_replies(self, fd: int) -> None:
@@ -199,9 +248,14 @@ class CompileChild:
             return reply
 
     def _send(self, message: dict[str, Any]) -> None:
-        assert self._proc is not None and self._proc.stdin is not None, "child not started"
-        self._proc.stdin.write((json.dumps(message) + "\n").encode())
-        self._proc.stdin.flush()
+        assert self._requests is not None, "child not started"
+        self._requests.write(json.dumps(message) + "\n")
+        self._requests.flush()
+
+    def _start_doing(self) -> str:
+        if self.source.get("kind") == "script":
+            return f"reach the first call of the jitted function {self.source['step_name']!r} in the script"
+        return "start the compile child"
 
     # -- requests -------------------------------------------------------------------------
     def compile(

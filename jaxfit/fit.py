@@ -208,7 +208,7 @@ def device_identity() -> str:
             return f"gpu:{visible}:{out}"
         except (OSError, subprocess.SubprocessError):
             pass
-    from jaxfit.worker import host_memory_bytes
+    from jaxfit._probe.jaxfit_compile_server import host_memory_bytes
 
     return f"cpu:{host_memory_bytes()}:{os.cpu_count()}"
 

@@ -58,23 +58,6 @@ class MemoryReport:
 
 def analyse(compiled: Any) -> MemoryReport:
     """Read the memory analysis (and FLOPs, where available) of a ``jax.stages.Compiled``."""
-    ma = compiled.memory_analysis()
-    if ma is None:
-        raise RuntimeError("this backend gives no memory analysis for compiled programs")
-    flops: float | None = None
-    try:
-        cost = compiled.cost_analysis()
-        if isinstance(cost, list):  # older jax returned one dict per device
-            cost = cost[0] if cost else None
-        if cost and "flops" in cost:
-            flops = float(cost["flops"])
-    except Exception:  # cost analysis is a nicety; some backends raise
-        flops = None
-    return MemoryReport(
-        argument_bytes=int(ma.argument_size_in_bytes),
-        output_bytes=int(ma.output_size_in_bytes),
-        alias_bytes=int(ma.alias_size_in_bytes),
-        temp_bytes=int(ma.temp_size_in_bytes),
-        generated_code_bytes=int(getattr(ma, "generated_code_size_in_bytes", 0) or 0),
-        flops=flops,
-    )
+    from jaxfit._probe.jaxfit_compile_server import memory_of
+
+    return MemoryReport.from_dict(memory_of(compiled))

@@ -53,7 +53,7 @@ def trial_main(args: argparse.Namespace) -> int:
         abstract_state, init_state, load_config, make_optimizer, make_train_step, synthetic_batch,
     )
     from jaxfit.memory import analyse
-    from jaxfit.worker import is_out_of_memory
+    from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
 
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cfg = load_config(args.example, overrides)

@@ -1,0 +1,273 @@
+"""The compile server: answers "peak memory of the step at batch B" over a JSON-lines protocol.
+
+This module is self-contained (standard library + jax, Python 3.9+, jax 0.4.30+) because it runs in
+two places: in jaxfit's own compile child (:mod:`jaxfit.worker`), and inside a user's training
+script, whose environment (``uv run`` in an openpi checkout, say) need not have jaxfit installed.
+There the probe's ``sitecustomize`` imports it from the probe folder that jaxfit put on PYTHONPATH.
+
+Protocol (both directions one JSON object per line):
+
+- requests arrive on the file descriptor ``$JAXFIT_REQUEST_FD`` (stdin if unset):
+  ``{"op": "compile", "id": n, "batches": [..], "autotune": bool, "threads": k}``,
+  ``{"op": "overhead"}``, ``{"op": "quit"}``;
+- replies leave on ``$JAXFIT_REPLY_FD``: first ``{"op": "ready", "info": {...}}`` (or
+  ``{"op": "error", ...}``), then ``{"op": "result", ...}`` per compile and ``{"op": "done"}`` per
+  request, and ``{"op": "overhead", ...}``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, Optional, TextIO
+
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+REPLY_FD_ENV = "JAXFIT_REPLY_FD"
+REQUEST_FD_ENV = "JAXFIT_REQUEST_FD"
+CACHE_PATH_ENV = "JAXFIT_COMPILE_CACHE"
+
+
+def is_out_of_memory(message: str) -> bool:
+    """Whether an exception text is XLA's out-of-memory error (FACTS.md #8)."""
+    return any(marker in message for marker in OOM_MARKERS)
+
+
+def host_memory_bytes() -> int:
+    """Physical memory available to this process: the machine's RAM or a smaller cgroup limit."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text.isdigit():
+                total = min(total, int(text))
+        except OSError:
+            pass
+    return total
+
+
+def memory_of(compiled: Any) -> Dict[str, Any]:
+    """XLA's memory analysis (and FLOPs where given) of a compiled step, as a plain dict."""
+    ma = compiled.memory_analysis()
+    if ma is None:
+        raise RuntimeError("this backend gives no memory analysis for compiled programs")
+    flops = None
+    try:
+        cost = compiled.cost_analysis()
+        if isinstance(cost, list):  # older jax returned one dict per device
+            cost = cost[0] if cost else None
+        if cost and "flops" in cost:
+            flops = float(cost["flops"])
+    except Exception:  # cost analysis is a nicety; some backends raise
+        flops = None
+    return {
+        "argument_bytes": int(ma.argument_size_in_bytes),
+        "output_bytes": int(ma.output_size_in_bytes),
+        "alias_bytes": int(ma.alias_size_in_bytes),
+        "temp_bytes": int(ma.temp_size_in_bytes),
+        "generated_code_bytes": int(getattr(ma, "generated_code_size_in_bytes", 0) or 0),
+        "flops": flops,
+    }
+
+
+class CompileCache:
+    """Memory analyses of single compiles in SQLite, keyed by program fingerprint and context.
+
+    Each write is one transaction: a crash leaves the previous state, never half a row.
+    """
+
+    SCHEMA = "CREATE TABLE IF NOT EXISTS compiles (key TEXT PRIMARY KEY, memory TEXT NOT NULL, created REAL NOT NULL)"
+
+    def __init__(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+        with self._lock, self._db:
+            self._db.execute(self.SCHEMA)
+
+    def get(self, key: str) -> Optional[Dict[str, Any]]:
+        """The memory report stored under ``key``, or ``None``."""
+        with self._lock:
+            row = self._db.execute("SELECT memory FROM compiles WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, memory: Dict[str, Any]) -> None:
+        """Store one memory report."""
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO compiles (key, memory, created) VALUES (?, ?, ?)",
+                (key, json.dumps(memory), time.time()),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def device_info() -> Dict[str, Any]:
+    """The first device, its allocator limit under this process's fraction, and versions."""
+    import jax
+
+    device = jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # some backends raise instead of returning None
+        stats = None
+    platform = device.platform
+    return {
+        "platform": platform,
+        "device_kind": getattr(device, "device_kind", platform),
+        "device_count": jax.device_count(),
+        "bytes_limit": int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None,
+        # The GPU compiler squeezes the step toward the allocator limit; the CPU one ignores it.
+        "limit_sensitive": platform in ("gpu", "cuda", "rocm"),
+        "host_memory_bytes": host_memory_bytes(),
+        "jax_version": jax.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+def open_channels() -> "tuple[TextIO, TextIO]":
+    """(requests, replies) from the file descriptors named in the environment."""
+    reply_fd = int(os.environ[REPLY_FD_ENV])
+    request_fd = os.environ.get(REQUEST_FD_ENV)
+    requests = os.fdopen(int(request_fd), "r") if request_fd else sys.stdin
+    return requests, os.fdopen(reply_fd, "w", buffering=1)
+
+
+class Server:
+    """Compiles one step at the batch sizes it is asked for.
+
+    Args:
+      lower: ``batch_size -> jax.stages.Lowered`` for the step.
+      replies: Where replies are written.
+      workload: ``{"name": ..., "description": {...}}`` reported in the ready message.
+      cache_path: The SQLite compile cache, or ``None``.
+    """
+
+    def __init__(self, lower: Callable[[int], Any], replies: TextIO, workload: Dict[str, Any],
+                 cache_path: Optional[str] = None) -> None:
+        self.lower = lower
+        self.replies = replies
+        self.workload = workload
+        self.info = device_info()
+        self.cache = CompileCache(cache_path) if cache_path else None
+        self._reply_lock = threading.Lock()
+        self._lower_lock = threading.Lock()  # tracing is cheap and not guaranteed thread-safe
+
+    def send(self, message: Dict[str, Any]) -> None:
+        with self._reply_lock:
+            self.replies.write(json.dumps(message) + "\n")
+            self.replies.flush()
+
+    def ready(self) -> None:
+        self.send({"op": "ready", "info": dict(self.info, workload=self.workload)})
+
+    def _cache_key(self, fingerprint: str, options: Dict[str, Any]) -> str:
+        parts = {
+            "fingerprint": fingerprint,
+            "limit": self.info["bytes_limit"] if self.info["limit_sensitive"] else None,
+            "jax": self.info["jax_version"],
+            "device": self.info["device_kind"],
+            "devices": self.info["device_count"],
+            "options": options,
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def compile_one(self, batch: int, autotune: bool) -> Dict[str, Any]:
+        """Lower and compile at ``batch``; never raises (errors are answers)."""
+        start = time.perf_counter()
+        try:
+            with self._lower_lock:
+                lowered = self.lower(batch)
+                fingerprint = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+            options: Dict[str, Any] = {}
+            if self.info["limit_sensitive"] and not autotune:
+                options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (FACTS.md #6)
+            key = self._cache_key(fingerprint, options)
+            hit = self.cache.get(key) if self.cache is not None else None
+            if hit is not None:
+                return {"batch": batch, "ok": True, "memory": hit, "cached": True,
+                        "compile_s": time.perf_counter() - start, "fingerprint": fingerprint}
+            compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+            memory = memory_of(compiled)
+            if self.cache is not None:
+                self.cache.put(key, memory)
+            return {"batch": batch, "ok": True, "memory": memory, "cached": False,
+                    "compile_s": time.perf_counter() - start, "fingerprint": fingerprint}
+        except Exception as e:  # an answer, not a crash: the parent decides what it means
+            message = "%s: %s" % (type(e).__name__, e)
+            return {"batch": batch, "ok": False, "oom": is_out_of_memory(message), "error": message,
+                    "traceback": traceback.format_exc(limit=8), "compile_s": time.perf_counter() - start}
+
+    def compile_many(self, request: Dict[str, Any]) -> None:
+        batches = [int(b) for b in request["batches"]]
+        threads = max(1, int(request.get("threads") or len(batches)))
+        autotune = bool(request.get("autotune", True))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+            futures = [pool.submit(self.compile_one, b, autotune) for b in batches]
+            for future in concurrent.futures.as_completed(futures):
+                self.send(dict(op="result", id=request.get("id"), **future.result()))
+        self.send({"op": "done", "id": request.get("id")})
+
+    def process_overhead(self) -> Dict[str, Any]:
+        """Device memory this process holds outside the XLA pool (CUDA context, libraries).
+
+        Measured as the process's used memory according to nvidia-smi minus the pool's bytes,
+        after small matmuls have loaded the math libraries (FACTS.md #5).
+        """
+        if not self.info["limit_sensitive"]:
+            return {"op": "overhead", "bytes": 0, "method": "none: not a GPU"}
+        import jax
+        import jax.numpy as jnp
+
+        for dtype in (jnp.float32, jnp.bfloat16):
+            x = jnp.ones((256, 256), dtype)
+            jax.block_until_ready(jax.jit(lambda a: a @ a)(x))
+        stats = jax.devices()[0].memory_stats() or {}
+        pool = int(stats.get("pool_bytes", stats.get("bytes_reserved", stats.get("bytes_in_use", 0))))
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=20, check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            return {"op": "overhead", "bytes": None, "method": "nvidia-smi unavailable: %s" % e}
+        for line in out.splitlines():
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 2 and fields[0] == str(os.getpid()) and fields[1].isdigit():
+                used = int(fields[1]) << 20
+                return {"op": "overhead", "bytes": max(0, used - pool), "method": "nvidia-smi minus pool",
+                        "process_used_bytes": used, "pool_bytes": pool}
+        return {"op": "overhead", "bytes": None, "method": "this process is not in nvidia-smi's list"}
+
+    def serve(self, requests: TextIO) -> None:
+        """Answer requests until ``quit`` or the end of the request stream."""
+        for line in requests:
+            if not line.strip():
+                continue
+            request = json.loads(line)
+            op = request.get("op")
+            if op == "compile":
+                self.compile_many(request)
+            elif op == "overhead":
+                self.send(self.process_overhead())
+            elif op == "quit":
+                return
+            else:
+                self.send({"op": "error", "kind": "protocol", "message": "unknown op %r" % (op,)})
+
+
+def send_error(replies: TextIO, kind: str, error_class: str, message: str) -> None:
+    """Report a failure to start (no workload, no step found...)."""
+    replies.write(json.dumps({"op": "error", "kind": kind, "error_class": error_class, "message": message,
+                              "traceback": traceback.format_exc(limit=8)}) + "\n")
+    replies.flush()
