@@ -13,6 +13,9 @@ from jaxfit.errors import JaxfitError
 
 app = tyro.extras.SubcommandApp()
 
+# The training command after ``--`` (tyro never sees it): ``jaxfit fit --script -- python train.py ...``.
+_COMMAND: list[str] = []
+
 
 def _overrides(pairs: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -41,6 +44,11 @@ def fit_command(
     verify: bool = True,
     json: str | None = None,
     quiet: bool = False,
+    script: bool = False,
+    step_name: str = "train_step",
+    batch_flag: str = "--batch-size",
+    batch_arg: int | None = None,
+    probe_timeout: float = 900.0,
 ) -> None:
     """Find the largest batch that fits a memory fraction (or, with --batch-size, the smallest fraction a batch needs) by compiling the train step, never running it.
 
@@ -65,18 +73,27 @@ def fit_command(
         verify: On a GPU, re-compile the winner with autotuning on (the search runs with it off).
         json: Also write the result as JSON to this file.
         quiet: Print only the answer line.
+        script: Fit the train step inside an unmodified training script given after --, e.g. `jaxfit fit --script -- python scripts/train.py debug --exp-name=x`. The script runs (in its own environment, under the target fraction) up to its first call of the jitted step, which is compiled instead of run; then it is stopped.
+        step_name: With --script: the name of the jitted train step function (found through functools.partial).
+        batch_flag: With --script: the script's batch-size flag (write --batch-flag=--bs); its value in the command identifies the batch argument.
+        batch_arg: With --script: which positional argument of the step is the batch (default: found by shape).
+        probe_timeout: With --script: seconds to wait for the script to call its step.
     """
     from jaxfit.fit import FitOptions, fit_batch, fit_fraction
     from jaxfit.report import ProgressPrinter, check_writable, print_result, write_json
-    from jaxfit.sources import entry_source, example_source
+    from jaxfit.sources import entry_source, example_source, script_source
 
-    if example and entry:
-        raise JaxfitError("give either --example or --entry, not both")
+    if sum(bool(x) for x in (example, entry, script)) > 1:
+        raise JaxfitError("give one of --example, --entry or --script")
+    if _COMMAND and not script:
+        raise JaxfitError("a command after -- needs --script (or use `jaxfit run`)")
     if entry and overrides:
         raise JaxfitError("--set applies to built-in examples only; configure an --entry in its own code")
     if json:
         check_writable(json)
-    if entry:
+    if script:
+        source = script_source(_COMMAND, step_name=step_name, batch_flag=batch_flag, batch_arg=batch_arg)
+    elif entry:
         source = entry_source(entry)
     else:
         from jaxfit.examples import DEFAULT_EXAMPLE
@@ -86,7 +103,7 @@ def fit_command(
         mem_fraction=mem_fraction, headroom_bytes=budget_mod.parse_size(headroom) if headroom not in ("0", "") else 0,
         device_memory_bytes=budget_mod.parse_size(device_memory) if device_memory else None,
         min_batch=min_batch, max_batch=max_batch, multiple_of=multiple_of, width=width,
-        use_cache=cache, verify=verify,
+        use_cache=cache, verify=verify, start_timeout=probe_timeout,
     )
     if mem_fraction is not None:
         options.resolved_fraction()
@@ -126,7 +143,11 @@ def examples_command() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jaxfit`` console script. Returns the exit code."""
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" in args:
+        split = args.index("--")
+        _COMMAND[:] = args[split + 1:]
+        args = args[:split]
     if not args:
         args = ["fit"]
     try:

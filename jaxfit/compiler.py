@@ -132,6 +132,7 @@ class CompileChild:
         self.workload_info: dict[str, Any] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._requests: Any = None
+        self.jitted_names: list[str] = []
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._log: collections.deque[str] = collections.deque(maxlen=60)
         self._next_id = 0
@@ -236,21 +237,33 @@ class CompileChild:
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     self.close()
-                    raise WorkerError(f"timed out after {timeout:.0f} s waiting to {doing}") from None
+                    hint = "; pass --step-name with the name of your jitted train step" if self.source.get("kind") == "script" else ""
+                    raise WorkerError(f"timed out after {timeout:.0f} s waiting to {doing}{self._seen_note()}{hint}") from None
                 continue
             if reply is None:
                 code = self._proc.wait() if self._proc else None
                 tail = self.log_tail()
+                who = "the script" if self.source.get("kind") == "script" else "the compile child"
                 raise WorkerError(
-                    f"the compile child exited (code {code}) while trying to {doing}"
+                    f"{who} exited (code {code}) while trying to {doing}{self._seen_note()}"
                     + (f"; its last output:\n{tail}" if tail else "")
                 )
+            if reply.get("op") == "jit_seen":
+                self.jitted_names.append(str(reply.get("name")))
+                continue
             return reply
 
     def _send(self, message: dict[str, Any]) -> None:
         assert self._requests is not None, "child not started"
         self._requests.write(json.dumps(message) + "\n")
         self._requests.flush()
+
+    def _seen_note(self) -> str:
+        if self.source.get("kind") != "script":
+            return ""
+        if not self.jitted_names:
+            return " (it jitted no function before that)"
+        return f" (functions it jitted: {', '.join(self.jitted_names[:12])})"
 
     def _start_doing(self) -> str:
         if self.source.get("kind") == "script":

@@ -70,8 +70,11 @@ class FitOptions:
         ``min(4, cpu count)`` on a CPU.
       use_cache: Read and write the SQLite cache.
       cache_path: The cache file (default :func:`jaxfit.cache.default_cache_path`).
-      verify: On a GPU, the search compiles with autotuning off (3x faster, peaks within 0.03 %);
-        then the winner is compiled once more with autotuning on, and must fit too.
+      verify: On a GPU, the search compiles with autotuning off (about 3x faster); then the
+        boundary is compiled once more with autotuning on, which decides (near the limit the two
+        can differ by more than a batch step).
+      start_timeout: Seconds to wait for the compile child to be ready: for a script, until its
+        first call of the train step (it loads its data and model first).
     """
 
     mem_fraction: float | None = None
@@ -84,6 +87,7 @@ class FitOptions:
     use_cache: bool = True
     cache_path: str | None = None
     verify: bool = True
+    start_timeout: float = 900.0
 
     def resolved_fraction(self) -> float:
         if self.mem_fraction is None:
@@ -323,8 +327,8 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
         return hit
 
     cache_path = options.cache_file() if options.use_cache else None
-    child = CompileChild(source, fraction, cache_path=cache_path)
-    _notify(progress, "starting", fraction=fraction)
+    child = CompileChild(source, fraction, cache_path=cache_path, start_timeout=options.start_timeout)
+    _notify(progress, "starting", fraction=fraction, source=source)
     info = child.start()
     try:
         if info.limit_sensitive and options.device_memory_bytes:
@@ -338,7 +342,7 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
                     "larger GPU or lower the fraction"
                 )
             child.close()
-            child = CompileChild(source, child_fraction, cache_path=cache_path)
+            child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=options.start_timeout)
             info = child.start()
             limit = int(info.bytes_limit)
         elif info.limit_sensitive:
@@ -355,6 +359,12 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
                 f"--headroom {budget_mod.format_bytes(options.headroom_bytes)} leaves no budget out of "
                 f"{budget_mod.format_bytes(limit)}; lower it or raise --mem-fraction"
             )
+        if source.get("kind") == "script" and grid.step % info.device_count:
+            # The script shards its batch over every device: only multiples of the count can run.
+            step = math.lcm(grid.step, info.device_count)
+            grid = Grid(grid.low, grid.high, step)
+            _notify(progress, "note", text=f"batch sizes are multiples of {step}: the script shards over "
+                                            f"{info.device_count} devices")
         width = options.width or _default_width(info)
         autotune_search = not info.limit_sensitive  # GPU: search without autotuning, verify with it
         _notify(progress, "start", device=info, limit=limit, budget=budget, width=width)
@@ -504,7 +514,7 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
     cache_path = options.cache_file() if options.use_cache else None
 
     # A first child under the whole device: the least-squeezed peak, the device, the overhead.
-    with CompileChild(source, 1.0, cache_path=cache_path) as child:
+    with CompileChild(source, 1.0, cache_path=cache_path, start_timeout=options.start_timeout) as child:
         info = child.info
         assert info is not None
         gpu_total = int(info.bytes_limit) if info.limit_sensitive else None
@@ -553,7 +563,8 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
             rounds += 1
             fractions = [u / FRACTION_STEPS for u in units_list]
             _notify(progress, "round", round=rounds, fractions=fractions, autotune=autotune)
-            answers = _compile_under_fractions(source, batch_size, fractions, total, gpu_total, cache_path, autotune)
+            answers = _compile_under_fractions(source, batch_size, fractions, total, gpu_total, cache_path, autotune,
+                                               options.start_timeout)
             for u, (outcome, limit) in zip(units_list, answers):
                 if outcome.memory is None and not outcome.oom:
                     _raise_compile_error(outcome)
@@ -626,13 +637,13 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
 
 def _compile_under_fractions(source: Mapping[str, Any], batch_size: int, fractions: list[float], total: int,
                              gpu_total: int | None, cache_path: str | None,
-                             autotune: bool) -> list[tuple[CompileOutcome, int]]:
+                             autotune: bool, start_timeout: float) -> list[tuple[CompileOutcome, int]]:
     """Compile ``batch_size`` once under each fraction of ``total``, one child each, concurrently."""
     import concurrent.futures
 
     def one(fraction: float) -> tuple[CompileOutcome, int]:
         child_fraction = fraction * total / gpu_total if gpu_total else fraction
-        with CompileChild(source, child_fraction, cache_path=cache_path) as child:
+        with CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=start_timeout) as child:
             assert child.info is not None
             limit = int(child.info.bytes_limit) if child.info.bytes_limit else int(fraction * total)
             return child.compile([batch_size], autotune=autotune)[batch_size], limit

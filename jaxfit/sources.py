@@ -5,6 +5,8 @@ A *source* is a small JSON-able dict, so the parent can describe the workload to
 
 - ``{"kind": "example", "name": "gpt-tiny", "overrides": {"n_layers": "2"}}``
 - ``{"kind": "entry", "entry": "my_pkg.fit:make_workload", "path": "/dir/added/to/sys.path"}``
+- ``{"kind": "script", "command": [...], "step_name": "train_step", "batch_size": 32, ...}``: the
+  training script itself, probed (see :mod:`jaxfit._probe.sitecustomize`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,33 @@ def entry_source(entry: str, path: str | None = None) -> dict[str, Any]:
     if not sep or not module or not func.isidentifier():
         raise ConfigError(f"--entry {entry!r} must look like package.module:function")
     return {"kind": "entry", "entry": entry, "path": path or os.getcwd()}
+
+
+def script_source(
+    command: list[str],
+    step_name: str = "train_step",
+    batch_flag: str = "--batch-size",
+    batch_arg: int | None = None,
+) -> dict[str, Any]:
+    """The source of an unmodified training script, whose jitted ``step_name`` is intercepted.
+
+    Args:
+      command: The command that starts training, e.g. ``["uv", "run", "scripts/train.py", "debug",
+        "--exp-name=x"]``. It runs in its own environment; jaxfit need not be installed there.
+      step_name: The name of the jitted train step (looked up through ``functools.partial``).
+      batch_flag: The script's batch-size flag; its value in ``command`` (if any) identifies the
+        batch among the step's arguments.
+      batch_arg: Which positional argument of the step is the batch (default: found by shape).
+    """
+    from jaxfit.command import batch_value, check_command
+
+    if not step_name.isidentifier():
+        raise ConfigError(f"--step-name {step_name!r} is not a Python function name")
+    if not batch_flag.startswith("-"):
+        raise ConfigError(f"--batch-flag {batch_flag!r} must be a flag, e.g. --batch-flag=--batch-size")
+    return {"kind": "script", "command": check_command(command), "step_name": step_name,
+            "batch_flag": batch_flag, "batch_size": batch_value(command, batch_flag),
+            "batch_arg": batch_arg, "cwd": os.getcwd()}
 
 
 def build_workload(source: Mapping[str, Any]) -> Workload:
