@@ -73,7 +73,9 @@ class TrainConfig:
     Attributes:
       name: The config's name (set by the named config; not overridable).
       model: A jaxfit example name (e.g. ``gpt-tiny``) or the path of a YAML model config.
-      model_overrides: Model config fields to replace, ``key -> value`` (e.g. ``n_layers 2``).
+      model_overrides: Model config fields to replace, ``key -> value``. A config that has
+        overrides takes one flag per key (``--model-overrides.dtype bfloat16``); one without
+        takes pairs (``--model-overrides n_layers 2 dtype bfloat16``).
       exp_name: The experiment name; names the checkpoint directory and the WandB run.
       batch_size: Global batch size: samples per optimizer step, over all devices.
       grad_accum_steps: Micro-batches each step's batch is split into; gradients are
@@ -120,14 +122,22 @@ class TrainConfig:
 
 
 # The debug models: gpt-tiny / vit-tiny shrunk until a few dozen steps take seconds on a CPU.
-_DEBUG_GPT = {"n_layers": "1", "d_model": "64", "n_heads": "2", "seq_len": "32", "vocab_size": "256"}
-_DEBUG_VIT = {"image_size": "16", "patch_size": "4", "d_model": "64", "n_layers": "1", "n_heads": "2"}
+# Every key listed is overridable on the command line (e.g. ``--model-overrides.dtype bfloat16``):
+# tyro turns a non-empty dict default into one flag per key.
+_DEBUG_GPT = {
+    "n_layers": "1", "d_model": "64", "n_heads": "2", "seq_len": "32", "vocab_size": "256",
+    "dtype": "float32", "remat": "false", "learning_rate": "3e-3",
+}
+_DEBUG_VIT = {
+    "image_size": "16", "patch_size": "4", "d_model": "64", "n_layers": "1", "n_heads": "2",
+    "dtype": "float32", "remat": "false", "learning_rate": "1e-3",
+}
 
 _CONFIGS = [
     TrainConfig(
         name="debug",
         model="gpt-tiny",
-        model_overrides=_DEBUG_GPT | {"learning_rate": "3e-3"},
+        model_overrides=_DEBUG_GPT,
         batch_size=8,
         num_train_steps=30,
         log_interval=5,
@@ -136,7 +146,7 @@ _CONFIGS = [
     TrainConfig(
         name="debug_vit",
         model="vit-tiny",
-        model_overrides=_DEBUG_VIT | {"learning_rate": "1e-3"},
+        model_overrides=_DEBUG_VIT,
         batch_size=8,
         num_train_steps=30,
         log_interval=5,
@@ -265,8 +275,18 @@ def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
 
     Micro-batch ``i`` takes rows ``i, i + n, i + 2n, ...``: a batch sharded over devices on its
     leading axis gives every micro-batch an equal share of each device's rows, so the split moves
-    no data between devices.
+    no data between devices. The leading size is read from the arrays, not from the config, so
+    the step traces for any batch size that is a multiple of ``num_micro_batches``.
+
+    Raises:
+      ValueError: A leading size that is not a multiple of ``num_micro_batches``.
     """
+    sizes = {x.shape[0] for x in jax.tree.leaves(batch)}
+    if any(size % num_micro_batches for size in sizes):
+        raise ValueError(
+            f"a batch of {sorted(sizes)} samples does not split into {num_micro_batches} "
+            "equal micro-batches; use a batch size that is a multiple of grad_accum_steps"
+        )
 
     def split(x: jax.Array) -> jax.Array:
         rows = x.reshape(x.shape[0] // num_micro_batches, num_micro_batches, *x.shape[1:])
@@ -287,8 +307,8 @@ def train_step(
 
     Args:
       config: The run's config (bound with ``functools.partial`` before jitting).
-      rng: The training key. The example models have no stochastic layers (no dropout), so it
-        only feeds ``info["rng_step"]``-free determinism: it is folded with the step and unused.
+      rng: The training key. Kept for openpi's signature (openpi feeds it to the model's noise);
+        the example models have no stochastic layers such as dropout, so it is unused.
       state: The train state (donated by the jitted step).
       batch: The global batch, sharded over the mesh's batch axis.
 
@@ -296,7 +316,7 @@ def train_step(
       ``(new_state, info)`` with ``info`` holding the scalars ``loss`` (the mean over the batch)
       and ``grad_norm``.
     """
-    del rng  # Deterministic models: nothing to sample (openpi feeds it to the model's noise).
+    del rng  # Deterministic models: nothing to sample.
     model_cfg = model_config(config)
     model_def, _ = examples.abstract_state(model_cfg)
     tx = examples.make_optimizer(model_cfg)
@@ -442,6 +462,10 @@ def validate(config: TrainConfig) -> examples.ModelConfig:
             raise UsageError(f"--{field.replace('_', '-')}={getattr(config, field)} must be 1 or more")
     if config.keep_period is not None and config.keep_period < 1:
         raise UsageError(f"--keep-period={config.keep_period} must be 1 or more (or None)")
+    if not config.exp_name or Path(config.exp_name).name != config.exp_name:
+        raise UsageError(
+            f"--exp-name={config.exp_name!r} must be a non-empty name without path separators"
+        )
     if config.fsdp_devices != 1:
         raise UsageError(
             f"--fsdp-devices={config.fsdp_devices} is not supported: this script replicates the "
@@ -545,7 +569,9 @@ def main(config: TrainConfig) -> None:
         state, info = ptrain_step(train_rng, state, next_batch(step))
         infos.append(info)
         interval_steps += 1
-        # Log the first step of the run (openpi logs step 0) and every log_interval-th step.
+        # Log the first step of the run (openpi logs step 0) and every log_interval-th step. The
+        # loss is the mean over the steps since the last line; samples/s is their wall-clock
+        # throughput, checkpointing included (the first line's includes the compilation).
         if step % config.log_interval == 0 or step == start_step + 1:
             means = {
                 key: float(value)

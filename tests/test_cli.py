@@ -77,7 +77,7 @@ def test_help_explains_the_options(run_cli):
         (["--headroom", "-5GiB"], "memory size"),
         (["--entry", "not_a_module_anywhere:make"], "cannot import 'not_a_module_anywhere'"),
         (["--entry", "nocolon"], "must look like package.module:function"),
-        (["--example", "mlp-tiny", "--entry", "a:b"], "either --example or --entry"),
+        (["--example", "mlp-tiny", "--entry", "a:b"], "give one of --example, --entry or --script"),
         (["--example", "mlp-tiny", "--device-memory", "256KiB", "--mem-fraction", "0.5"], "not even batch 1 fits"),
     ],
 )
