@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from typing import Annotated
+from typing import Annotated, Literal
 
 import tyro
 from rich.console import Console
@@ -13,8 +14,69 @@ from jaxfit.errors import JaxfitError
 
 app = tyro.extras.SubcommandApp()
 
-# The training command after ``--`` (tyro never sees it): ``jaxfit fit --script -- python train.py ...``.
+# The training command after ``--`` (tyro never sees it): ``jaxfit run -- python train.py ...``.
 _COMMAND: list[str] = []
+
+WandbMode = Literal["online", "offline", "disabled"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchArgs:
+    """How to fit."""
+
+    mem_fraction: float | None = None
+    """The XLA_PYTHON_CLIENT_MEM_FRACTION to fit under, in (0, 1]; default $XLA_PYTHON_CLIENT_MEM_FRACTION or 0.45."""
+    headroom: str = "0"
+    """Memory to keep free inside the budget, e.g. 2GiB."""
+    device_memory: str | None = None
+    """Plan for a device of this size, e.g. 96GiB (GPU: compiled under the equivalent limit; CPU: replaces the host RAM)."""
+    min_batch: int = 1
+    """Smallest batch size to consider."""
+    max_batch: int = 65536
+    """Largest batch size to consider."""
+    multiple_of: int = 1
+    """Only consider multiples of this (e.g. the number of devices)."""
+    width: int | None = None
+    """Concurrent compiles per search round (default 4 on a GPU, up to 4 CPU cores otherwise)."""
+    cache: bool = True
+    """Use the answer and compile cache (~/.cache/jaxfit or $JAXFIT_CACHE_DIR); --no-cache compiles afresh."""
+    verify: bool = True
+    """On a GPU, settle the boundary again with autotuning on (the search runs with it off)."""
+
+    def options(self, start_timeout: float = 900.0) -> object:
+        from jaxfit.fit import FitOptions
+
+        options = FitOptions(
+            mem_fraction=self.mem_fraction,
+            headroom_bytes=budget_mod.parse_size(self.headroom) if self.headroom not in ("0", "") else 0,
+            device_memory_bytes=budget_mod.parse_size(self.device_memory) if self.device_memory else None,
+            min_batch=self.min_batch, max_batch=self.max_batch, multiple_of=self.multiple_of, width=self.width,
+            use_cache=self.cache, verify=self.verify, start_timeout=start_timeout,
+        )
+        options.resolved_fraction()
+        return options
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptArgs:
+    """How to find the train step inside a training script."""
+
+    step_name: str = "train_step"
+    """The name of the jitted train step function (found through functools.partial)."""
+    batch_flag: str = "--batch-size"
+    """The script's batch-size flag (write --batch-flag=--bs)."""
+    batch_arg: int | None = None
+    """Which positional argument of the step is the batch (default: found by shape)."""
+    probe_timeout: float = 900.0
+    """Seconds to wait for the script to reach its first call of the step."""
+    probe_args: Annotated[tuple[str, ...], tyro.conf.arg(name="probe-arg"), tyro.conf.UseAppendAction] = ()
+    """An argument added to the command only while probing; repeatable. The probe runs the script's start-up, which may create its checkpoint folder (openpi's does): e.g. --probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe keeps that out of the real run's way."""
+
+    def source(self) -> dict[str, object]:
+        from jaxfit.sources import script_source
+
+        return script_source(_COMMAND, step_name=self.step_name, batch_flag=self.batch_flag,
+                             batch_arg=self.batch_arg, probe_args=list(self.probe_args))
 
 
 def _overrides(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -27,28 +89,30 @@ def _overrides(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _consoles(quiet: bool) -> tuple[Console, object]:
+    from jaxfit.report import ProgressPrinter
+
+    out = Console() if sys.stdout.isatty() else Console(width=160)
+    return out, (None if quiet else ProgressPrinter(Console(stderr=True)))
+
+
+Flat = tyro.conf.OmitArgPrefixes
+
+
 @app.command(name="fit")
 def fit_command(
+    search: Annotated[SearchArgs, Flat] = SearchArgs(),
+    probe: Annotated[ScriptArgs, Flat] = ScriptArgs(),
     example: str | None = None,
     overrides: Annotated[tuple[str, ...], tyro.conf.arg(name="set"), tyro.conf.UseAppendAction] = (),
     entry: str | None = None,
-    mem_fraction: float | None = None,
+    script: bool = False,
     batch_size: int | None = None,
-    headroom: str = "0",
-    device_memory: str | None = None,
-    min_batch: int = 1,
-    max_batch: int = 65536,
-    multiple_of: int = 1,
-    width: int | None = None,
-    cache: bool = True,
-    verify: bool = True,
     json: str | None = None,
     quiet: bool = False,
-    script: bool = False,
-    step_name: str = "train_step",
-    batch_flag: str = "--batch-size",
-    batch_arg: int | None = None,
-    probe_timeout: float = 900.0,
+    wandb: bool = False,
+    wandb_mode: WandbMode | None = None,
+    wandb_project: str = "jaxfit",
 ) -> None:
     """Find the largest batch that fits a memory fraction (or, with --batch-size, the smallest fraction a batch needs) by compiling the train step, never running it.
 
@@ -58,30 +122,22 @@ def fit_command(
     $XLA_PYTHON_CLIENT_MEM_FRACTION).
 
     Args:
+        search: How to fit.
+        probe: With --script: how to find the train step.
         example: Built-in example to fit (see `jaxfit examples`); default gpt-tiny.
         overrides: Override a config key of the example, KEY=VALUE; repeatable (--set n_layers=6 --set dtype=bfloat16).
         entry: Your own workload: package.module:function returning a jaxfit.Workload (imported from the current directory).
-        mem_fraction: The XLA_PYTHON_CLIENT_MEM_FRACTION to fit under, in (0, 1]; default $XLA_PYTHON_CLIENT_MEM_FRACTION or 0.45.
+        script: Fit the train step inside an unmodified training script given after --, e.g. `jaxfit fit --script -- python scripts/train.py debug --exp-name=x`. The script runs (in its own environment, under the target fraction) up to its first call of the jitted step, which is compiled instead of run; then it is stopped.
         batch_size: Inverse question: the smallest fraction (to 0.01) that this batch needs.
-        headroom: Memory to keep free inside the budget, e.g. 2GiB.
-        device_memory: Plan for a device of this size, e.g. 96GiB (GPU: compiled under the equivalent limit; CPU: replaces the host RAM).
-        min_batch: Smallest batch size to consider.
-        max_batch: Largest batch size to consider.
-        multiple_of: Only consider multiples of this (e.g. the number of devices).
-        width: Concurrent compiles per search round (default 4 on a GPU, up to 4 CPU cores otherwise).
-        cache: Use the answer and compile cache (~/.cache/jaxfit or $JAXFIT_CACHE_DIR); --no-cache compiles afresh.
-        verify: On a GPU, re-compile the winner with autotuning on (the search runs with it off).
         json: Also write the result as JSON to this file.
         quiet: Print only the answer line.
-        script: Fit the train step inside an unmodified training script given after --, e.g. `jaxfit fit --script -- python scripts/train.py debug --exp-name=x`. The script runs (in its own environment, under the target fraction) up to its first call of the jitted step, which is compiled instead of run; then it is stopped.
-        step_name: With --script: the name of the jitted train step function (found through functools.partial).
-        batch_flag: With --script: the script's batch-size flag (write --batch-flag=--bs); its value in the command identifies the batch argument.
-        batch_arg: With --script: which positional argument of the step is the batch (default: found by shape).
-        probe_timeout: With --script: seconds to wait for the script to call its step.
+        wandb: Log the fit as its own Weights & Biases run (settings in its config, candidates as a table).
+        wandb_mode: online, offline or disabled; default $WANDB_MODE, else online with credentials and offline without.
+        wandb_project: The W&B project of --wandb.
     """
-    from jaxfit.fit import FitOptions, fit_batch, fit_fraction
-    from jaxfit.report import ProgressPrinter, check_writable, print_result, write_json
-    from jaxfit.sources import entry_source, example_source, script_source
+    from jaxfit.fit import fit_batch, fit_fraction
+    from jaxfit.report import check_writable, print_result, write_json
+    from jaxfit.sources import entry_source, example_source
 
     if sum(bool(x) for x in (example, entry, script)) > 1:
         raise JaxfitError("give one of --example, --entry or --script")
@@ -92,26 +148,17 @@ def fit_command(
     if json:
         check_writable(json)
     if script:
-        source = script_source(_COMMAND, step_name=step_name, batch_flag=batch_flag, batch_arg=batch_arg)
+        source = probe.source()
     elif entry:
         source = entry_source(entry)
     else:
         from jaxfit.examples import DEFAULT_EXAMPLE
 
         source = example_source(example or DEFAULT_EXAMPLE, _overrides(overrides))
-    options = FitOptions(
-        mem_fraction=mem_fraction, headroom_bytes=budget_mod.parse_size(headroom) if headroom not in ("0", "") else 0,
-        device_memory_bytes=budget_mod.parse_size(device_memory) if device_memory else None,
-        min_batch=min_batch, max_batch=max_batch, multiple_of=multiple_of, width=width,
-        use_cache=cache, verify=verify, start_timeout=probe_timeout,
-    )
-    if mem_fraction is not None:
-        options.resolved_fraction()
+    options = search.options(probe.probe_timeout)
     if batch_size is None:
         options.grid()
-    err = Console(stderr=True)
-    out = Console() if sys.stdout.isatty() else Console(width=160)
-    progress = None if quiet else ProgressPrinter(err)
+    out, progress = _consoles(quiet)
     if batch_size is None:
         result = fit_batch(source, options, progress=progress)
     else:
@@ -122,6 +169,51 @@ def fit_command(
         out.print(result.message, highlight=False)
     else:
         print_result(result, out)
+    if wandb:
+        from jaxfit.tracking import log_fit
+
+        where = log_fit(result, mode=wandb_mode, project=wandb_project)
+        Console(stderr=True).print(f"[dim]logged to Weights & Biases: {where}[/]")
+
+
+@app.command(name="run")
+def run_command(
+    search: Annotated[SearchArgs, Flat] = SearchArgs(),
+    probe: Annotated[ScriptArgs, Flat] = ScriptArgs(),
+    batch_size: int | None = None,
+    wandb_mode: WandbMode | None = None,
+    dry_run: bool = False,
+    quiet: bool = False,
+) -> int:
+    """Fit, then run a training command with the chosen XLA_PYTHON_CLIENT_MEM_FRACTION and batch size, and log them to its own W&B run.
+
+    Usage: `jaxfit run --mem-fraction 0.45 -- uv run scripts/train.py pi0_config --exp-name=v1 --overwrite`.
+    The command's train step is fitted by probing (see `jaxfit fit --script`), then the command is
+    run with the fraction in its environment and the batch flag set (replaced or added); its output
+    streams through, Ctrl-C and SIGTERM are forwarded, and its exit code is jaxfit's. The chosen
+    settings reach the script's own wandb run as config key `jaxfit`, without editing the script.
+    With --batch-size B and --mem-fraction F nothing is fitted; with --batch-size alone, the
+    smallest fraction for B is fitted.
+
+    Args:
+        search: How to fit.
+        probe: How to find the train step.
+        batch_size: Run at this batch instead of the largest that fits.
+        wandb_mode: Set WANDB_MODE for the command: online, offline or disabled (default: leave it as it is).
+        dry_run: Print the command and environment that would run, and stop.
+        quiet: No fit progress.
+    """
+    from jaxfit.launch import execute, plan_run
+
+    out, progress = _consoles(quiet)
+    plan = plan_run(probe.source(), search.options(probe.probe_timeout), batch_size=batch_size,
+                    fraction_given=search.mem_fraction is not None, progress=progress)
+    err = Console(stderr=True)
+    err.print(f"[bold]jaxfit run:[/] {plan.summary()}", highlight=False)
+    if dry_run:
+        out.print(plan.describe(), highlight=False, soft_wrap=True)
+        return 0
+    return execute(plan, wandb_mode=wandb_mode)
 
 
 @app.command(name="examples")
@@ -151,14 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         args = ["fit"]
     try:
-        app.cli(prog="jaxfit", args=args, description="jaxfit: ask the XLA compiler what fits, before an OOM does.")
+        code = app.cli(prog="jaxfit", args=args,
+                       description="jaxfit: ask the XLA compiler what fits, before an OOM does.")
     except JaxfitError as e:
         print(f"jaxfit: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("jaxfit: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -420,7 +420,9 @@ def restore_state(manager: ocp.CheckpointManager, abstract: TrainState) -> Train
 def init_wandb(config: TrainConfig, *, resuming: bool) -> None:
     """Start (or, when resuming, continue) the WandB run; its id lives in the checkpoint dir.
 
-    The mode (online, offline) comes from the environment, e.g. ``WANDB_MODE=offline``.
+    The mode (online, offline) comes from the environment, e.g. ``WANDB_MODE=offline``. A run
+    that the environment disables (``WANDB_MODE=disabled``) leaves no ``wandb_id.txt``: there is
+    no run for a later ``--resume`` to continue.
     """
     if not config.wandb_enabled:
         wandb.init(mode="disabled")
@@ -442,7 +444,8 @@ def init_wandb(config: TrainConfig, *, resuming: bool) -> None:
             config=dataclasses.asdict(config),
             resume=None,
         )
-        id_file.write_text(run.id, encoding="utf-8")
+        if run.settings.mode != "disabled":
+            id_file.write_text(run.id, encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------------

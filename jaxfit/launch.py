@@ -1,0 +1,174 @@
+"""run: launch a training command with the fitted fraction and batch, and carry them into its wandb run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jaxfit.cache import default_cache_path
+from jaxfit.command import batch_value, with_batch
+from jaxfit.compiler import PROBE_DIR
+from jaxfit.errors import ConfigError
+from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction, jaxfit_version
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What ``jaxfit run`` will start.
+
+    Attributes:
+      command: The training command with the batch flag set.
+      env: Environment variables added for it.
+      mem_fraction: The fraction it runs under.
+      batch_size: The batch it runs at.
+      settings: What reaches its wandb config under the key ``jaxfit``.
+      fit: The fit that chose them (``None`` when both were given).
+    """
+
+    command: list[str]
+    env: dict[str, str]
+    mem_fraction: float
+    batch_size: int
+    settings: dict[str, Any]
+    fit: FitResult | None
+
+    def summary(self) -> str:
+        how = "fitted" if self.fit else "as given"
+        peak = self.settings.get("predicted_peak_bytes")
+        from jaxfit.budget import format_bytes
+
+        return (f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}, batch {self.batch_size} ({how}"
+                + (f", predicted peak {format_bytes(peak)} of {format_bytes(self.settings['budget_bytes'])}" if peak else "")
+                + ")")
+
+    def describe(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.command)}"
+
+
+def run_settings(fit: FitResult | None, mem_fraction: float, batch_size: int, command: list[str]) -> dict[str, Any]:
+    """The settings a run is started with, as they are logged (wandb config key ``jaxfit``)."""
+    accum = batch_value(command, "--grad-accum-steps")
+    settings: dict[str, Any] = {
+        "mem_fraction": mem_fraction,
+        "batch_size": batch_size,
+        "grad_accum_steps": accum if accum is not None else 1,
+        "jaxfit_version": jaxfit_version(),
+        "fitted": fit is not None,
+    }
+    if fit is not None:
+        settings.update(
+            predicted_peak_bytes=fit.peak_bytes, budget_bytes=fit.budget_bytes, limit_bytes=fit.limit_bytes,
+            headroom_bytes=fit.headroom_bytes, device=fit.device.get("device_kind"),
+            device_count=fit.device.get("device_count"), process_overhead_bytes=fit.process_overhead_bytes,
+            fit_outcome=fit.outcome, candidates=[
+                {"batch_size": c.batch_size, "mem_fraction": c.mem_fraction, "peak_bytes": c.peak_bytes,
+                 "fits": c.fits, "autotuned": c.autotuned} for c in fit.candidates
+            ],
+        )
+    return settings
+
+
+def visible_device_count() -> int:
+    """GPUs a child would see (CUDA_VISIBLE_DEVICES, else nvidia-smi), or 1 on a CPU-only machine."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return max(1, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+    if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
+        return 1
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 1
+    return max(1, sum(1 for line in out.splitlines() if line.startswith("GPU ")))
+
+
+def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int | None = None,
+             fraction_given: bool = True, progress: Progress | None = None) -> RunPlan:
+    """Decide the fraction and batch of a training command (fitting what was not given).
+
+    Args:
+      source: A script source (:func:`jaxfit.sources.script_source`).
+      options: Fit options; ``mem_fraction`` is the fraction to run under.
+      batch_size: The batch to run at; ``None`` fits the largest.
+      fraction_given: Whether the user chose the fraction; with a batch and no fraction, the
+        smallest fraction for that batch is fitted.
+      progress: Fit progress events.
+
+    Raises:
+      ConfigError: a batch that does not divide by the device count, and every fit error.
+    """
+    command = list(source.get("run_command") or source["command"])
+    fit: FitResult | None = None
+    if batch_size is None:
+        fit = fit_batch(source, options, progress=progress)
+        batch, fraction = fit.batch_size, fit.mem_fraction
+    else:
+        devices = visible_device_count()
+        if batch_size < 1 or batch_size % devices:
+            raise ConfigError(f"--batch-size {batch_size} does not divide by the {devices} visible devices; "
+                              f"use a multiple of {devices}")
+        if fraction_given:
+            batch, fraction = batch_size, options.resolved_fraction()
+        else:
+            fit = fit_fraction(source, batch_size, options, progress=progress)
+            batch, fraction = batch_size, fit.mem_fraction
+    final = with_batch(command, source["batch_flag"], batch)
+    settings = run_settings(fit, fraction, batch, final)
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
+    return RunPlan(final, env, fraction, batch, settings, fit)
+
+
+def _settings_file(settings: Mapping[str, Any]) -> Path:
+    """Keep the settings of this run on disk (the wandb hook reads them; users may too)."""
+    folder = default_cache_path().parent / "runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(settings), indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> int:
+    """Run the planned command; stream its output, forward Ctrl-C and SIGTERM, return its exit code.
+
+    The command runs in its own process session, so a signal jaxfit forwards reaches all of it
+    (data-loader workers included), and it is never left running when jaxfit ends.
+    """
+    env = dict(os.environ)
+    env.update(plan.env)
+    env["JAXFIT_WANDB_CONFIG"] = str(_settings_file(plan.settings))
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = PROBE_DIR + (os.pathsep + path if path else "")
+    if wandb_mode:
+        env["WANDB_MODE"] = wandb_mode
+    try:
+        proc = subprocess.Popen(plan.command, env=env, start_new_session=True)
+    except OSError as e:
+        raise ConfigError(f"cannot start {plan.command[0]!r}: {e.strerror}") from None
+
+    def forward(signum: int, _frame: Any) -> None:
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return code if code >= 0 else 128 - code
