@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -78,7 +80,11 @@ def run_settings(fit: FitResult | None, mem_fraction: float, batch_size: int, co
 
 
 def visible_device_count() -> int:
-    """GPUs a child would see (CUDA_VISIBLE_DEVICES, else nvidia-smi), or 1 on a CPU-only machine."""
+    """Devices a child would see: CPU devices forced through XLA_FLAGS, GPUs through
+    CUDA_VISIBLE_DEVICES or nvidia-smi, else 1."""
+    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    if match and ("cpu" in os.environ.get("JAX_PLATFORMS", "").split(",") or shutil.which("nvidia-smi") is None):
+        return max(1, int(match.group(1)))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return max(1, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
@@ -89,6 +95,29 @@ def visible_device_count() -> int:
     except (OSError, subprocess.SubprocessError):
         return 1
     return max(1, sum(1 for line in out.splitlines() if line.startswith("GPU ")))
+
+
+def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0) -> None:
+    """Fail early when the command would not accept ``flag`` (a script whose flag differs).
+
+    A flag already on the command line is accepted by definition; otherwise the command's
+    ``--help`` must mention it.
+
+    Raises:
+      ConfigError: the flag is absent from the help text.
+    """
+    if batch_value(command, flag) is not None:
+        return
+    env = dict(os.environ, WANDB_MODE="disabled")
+    try:
+        proc = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=timeout, env=env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
+                          f"check that it takes {flag}; put {flag}=N in the command") from None
+    if flag not in proc.stdout + proc.stderr:
+        raise ConfigError(f"the command's --help does not mention {flag}; pass --batch-flag=<its batch flag> "
+                          f"(e.g. --batch-flag=--bs)")
 
 
 def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int | None = None,
@@ -107,6 +136,7 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
       ConfigError: a batch that does not divide by the device count, and every fit error.
     """
     command = list(source.get("run_command") or source["command"])
+    check_batch_flag(command, source["batch_flag"])
     fit: FitResult | None = None
     if batch_size is None:
         fit = fit_batch(source, options, progress=progress)

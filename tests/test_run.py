@@ -1,0 +1,163 @@
+"""fit --script and run, with real subprocesses: the probe, the launch, wandb offline, signals, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, REPO
+from wandb_offline import wandb_run
+
+import jaxfit
+
+TRAIN = str(REPO / "scripts" / "train.py")
+SMALL = ["--device-memory", "64MiB", "--mem-fraction", "0.5"]
+
+
+def error_line(proc) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("jaxfit: error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_probing_train_py_gives_the_peaks_of_the_api_fit(tmp_path, monkeypatch):
+    options = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=64 << 20, max_batch=1 << 14)
+    monkeypatch.chdir(tmp_path)
+    probed = jaxfit.fit_batch(
+        jaxfit.sources.script_source(
+            [sys.executable, TRAIN, "debug", "--exp-name=probe", f"--checkpoint-base-dir={tmp_path / 'ck'}"]),
+        options)
+    monkeypatch.chdir(FIXTURES)
+    api = jaxfit.fit_batch(jaxfit.entry_source("train_entry:make_debug_workload"), options)
+    assert probed.batch_size == api.batch_size
+    assert {c.batch_size: c.peak_bytes for c in probed.candidates} == {c.batch_size: c.peak_bytes for c in api.candidates}
+    assert probed.workload["name"] == "train_step"
+    assert probed.workload["description"]["script_batch_size"] == 8  # the debug config's own batch
+
+
+def test_the_probe_never_runs_a_step(run_cli):
+    proc = run_cli("fit", "--script", *SMALL, "--json", "out.json", "--", sys.executable, str(FIXTURES / "mini_train.py"),
+                   "--batch-size", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "step 0" not in proc.stdout + proc.stderr and "trained" not in proc.stdout + proc.stderr
+    assert "fits: peak" in proc.stdout
+
+
+def test_run_trains_at_the_fitted_settings_and_logs_them_to_wandb(tmp_path, run_cli, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    checkpoints = tmp_path / "ck"
+    proc = run_cli(
+        "run", *SMALL, "--max-batch", "64", "--wandb-mode", "offline", f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}",
+        "--", sys.executable, TRAIN, "debug", "--exp-name=r1", f"--checkpoint-base-dir={checkpoints}",
+        "--num-train-steps=6", "--log-interval=3", "--save-interval=3",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in proc.stdout
+    assert "batch_size=64" in proc.stdout  # the fitted batch (capped by --max-batch), injected
+    assert "done: 6 steps" in proc.stdout
+    assert (checkpoints / "debug" / "r1" / "6").is_dir()
+    _, config, history = wandb_run(tmp_path)
+    assert config["batch_size"] == 64
+    assert config["jaxfit"]["mem_fraction"] == 0.5 and config["jaxfit"]["batch_size"] == 64
+    assert config["jaxfit"]["fitted"] is True and config["jaxfit"]["predicted_peak_bytes"] > 0
+    assert config["jaxfit"]["candidates"]
+    assert history
+
+
+def test_run_with_given_settings_resumes_from_the_checkpoint(tmp_path, run_cli):
+    base = [sys.executable, TRAIN, "debug", "--exp-name=r2", f"--checkpoint-base-dir={tmp_path}", "--no-wandb-enabled",
+            "--log-interval=2", "--save-interval=4"]
+    first = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", *base, "--num-train-steps=4")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.3" in first.stdout and "batch_size=8" in first.stdout
+    second = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", *base, "--num-train-steps=8", "--resume")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "step 5/8" in second.stdout and "step 1/8" not in second.stdout
+    assert "done: 8 steps" in second.stdout
+
+
+def test_run_returns_the_exit_code_of_the_command(run_cli):
+    proc = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug",
+                   "--exp-name=x", "--grad-accum-steps=3")
+    assert proc.returncode == 2 and "error:" in proc.stderr
+
+
+@pytest.mark.parametrize("sig,code,said", [(signal.SIGTERM, 7, "got SIGTERM"), (signal.SIGINT, 8, "got SIGINT")])
+def test_run_forwards_signals_and_leaves_nothing_running(tmp_path, sig, code, said):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxfit.cli", "run", "--batch-size", "4", "--mem-fraction", "0.2", "--quiet", "--",
+         sys.executable, str(FIXTURES / "sleeper.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    line = proc.stdout.readline()
+    assert line.strip() == "ready batch=4", line + proc.stderr.read()
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == code and said in out
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "sleeper.py" not in ps
+
+
+def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
+    marker = "jaxfit_probe_timeout_marker"
+    proc = run_cli("fit", "--script", "--probe-timeout", "3", "--", sys.executable, "-c",
+                   f"import time; {marker} = 1; time.sleep(120)")
+    line = error_line(proc)
+    assert "timed out after 3 s" in line and "--step-name" in line
+    time.sleep(0.5)
+    assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["run", "--", "no-such-command-jaxfit"], "command not found: 'no-such-command-jaxfit'"),
+        (["run", "--mem-fraction", "0.3"], "no command given after --"),
+        (["run", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, str(FIXTURES / "other_flag.py")],
+         "--help does not mention --batch-size"),
+        (["fit", "--script", "--step-name", "not_the_step", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py")],
+         "functions it jitted: init, train_step"),
+        (["fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step"],
+         "the script exited (code 1)"),
+    ],
+)
+def test_run_and_probe_bad_input(run_cli, args, message):
+    proc = run_cli(*args)
+    assert message in error_line(proc)
+
+
+def test_probe_failure_shows_the_scripts_output(run_cli):
+    proc = run_cli("fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step")
+    assert "loading data failed: no such file" in proc.stderr
+
+
+def test_batch_must_divide_by_the_device_count(run_cli, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    proc = run_cli("run", "--batch-size", "7", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug",
+                   "--exp-name=x")
+    assert "does not divide by the 2 visible devices" in error_line(proc)
+
+
+def test_fit_wandb_logs_the_candidates_offline(tmp_path, run_cli, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    proc = run_cli("fit", "--example", "mlp-tiny", "--device-memory", "8MiB", "--wandb", "--wandb-mode", "offline",
+                   "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    _, config, history = wandb_run(tmp_path)
+    assert config["jaxfit"]["mode"] == "batch" and config["jaxfit"]["mem_fraction"] == 0.45
+    (row,) = [row for row in history if "candidates/_type" in row]
+    assert row["candidates/_type"] == "table-file" and row["candidates/ncols"] == 12
+    (table_file,) = (tmp_path / "wandb").glob("offline-run-*/files/" + row["candidates/path"])
+    table = json.loads(table_file.read_text())
+    assert len(table["data"]) == row["candidates/nrows"] >= 4
+    assert "peak_bytes" in table["columns"] and "fits" in table["columns"]
