@@ -183,6 +183,7 @@ def run_command(
     batch_size: int | None = None,
     wandb_mode: WandbMode | None = None,
     dry_run: bool = False,
+    json: str | None = None,
     quiet: bool = False,
 ) -> int:
     """Fit, then run a training command with the chosen XLA_PYTHON_CLIENT_MEM_FRACTION and batch size, and log them to its own W&B run.
@@ -201,15 +202,21 @@ def run_command(
         batch_size: Run at this batch instead of the largest that fits.
         wandb_mode: Set WANDB_MODE for the command: online, offline or disabled (default: leave it as it is).
         dry_run: Print the command and environment that would run, and stop.
+        json: Write the plan (command, settings, and the fit when there was one) to this file before the command starts.
         quiet: No fit progress.
     """
     from jaxfit.launch import execute, plan_run
+    from jaxfit.report import check_writable, write_json
 
+    if json:
+        check_writable(json)
     out, progress = _consoles(quiet)
     plan = plan_run(probe.source(), search.options(probe.probe_timeout), batch_size=batch_size,
                     fraction_given=search.mem_fraction is not None, progress=progress)
     err = Console(stderr=True)
     err.print(f"[bold]jaxfit run:[/] {plan.summary()}", highlight=False)
+    if json:
+        write_json(json, plan.to_dict())
     if dry_run:
         out.print(plan.describe(), highlight=False, soft_wrap=True)
         return 0

@@ -51,6 +51,12 @@ class RunPlan:
                 + (f", predicted peak {format_bytes(peak)} of {format_bytes(self.settings['budget_bytes'])}" if peak else "")
                 + ")")
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the command, its environment, the settings and the fit."""
+        return {"command": self.command, "env": self.env, "mem_fraction": self.mem_fraction,
+                "batch_size": self.batch_size, "settings": self.settings,
+                "fit": self.fit.to_dict() if self.fit else None}
+
     def describe(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} {shlex.join(self.command)}"

@@ -43,7 +43,6 @@ import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 import tyro
-import wandb
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -417,16 +416,30 @@ def restore_state(manager: ocp.CheckpointManager, abstract: TrainState) -> Train
     return TrainState.from_checkpoint(restored)
 
 
-def init_wandb(config: TrainConfig, *, resuming: bool) -> None:
+class _NoTracking:
+    """Stands in for the ``wandb`` module when ``--no-wandb-enabled``: wandb is not even imported."""
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def init_wandb(config: TrainConfig, *, resuming: bool) -> Any:
     """Start (or, when resuming, continue) the WandB run; its id lives in the checkpoint dir.
 
     The mode (online, offline) comes from the environment, e.g. ``WANDB_MODE=offline``. A run
     that the environment disables (``WANDB_MODE=disabled``) leaves no ``wandb_id.txt``: there is
     no run for a later ``--resume`` to continue.
+
+    Returns:
+      The ``wandb`` module, or a stand-in with ``log`` and ``finish`` when tracking is off.
     """
     if not config.wandb_enabled:
-        wandb.init(mode="disabled")
-        return
+        return _NoTracking()
+    import wandb
+
     id_file = config.checkpoint_dir / WANDB_ID_FILE
     if resuming and id_file.exists():
         run_id = id_file.read_text(encoding="utf-8").strip()
@@ -446,6 +459,7 @@ def init_wandb(config: TrainConfig, *, resuming: bool) -> None:
         )
         if run.settings.mode != "disabled":
             id_file.write_text(run.id, encoding="utf-8")
+    return wandb
 
 
 # --------------------------------------------------------------------------------------------
@@ -548,7 +562,7 @@ def main(config: TrainConfig) -> None:
     if resuming:
         print(f"resuming from step {start_step}", flush=True)
 
-    init_wandb(config, resuming=resuming)
+    wandb = init_wandb(config, resuming=resuming)
 
     ptrain_step = jax.jit(
         functools.partial(train_step, config),
@@ -599,6 +613,10 @@ def main(config: TrainConfig) -> None:
 
     checkpoint_manager.wait_until_finished()
     checkpoint_manager.close()
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:  # GPU: what the run really used, against its limit
+        print(f"memory: peak_bytes_in_use={stats['peak_bytes_in_use']} bytes_limit={stats.get('bytes_limit')}",
+              flush=True)
     wandb.finish()
     if last_loss is None:
         print(
