@@ -15,21 +15,12 @@ Each write is one transaction: a crash leaves the previous state, never half a r
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
-from jaxfit._probe.jaxfit_compile_server import CompileCache
+from jaxfit._probe.jaxfit_compile_server import CompileCache, JsonStore
 
-__all__ = ["AnswerCache", "CompileCache", "default_cache_path"]
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, result TEXT NOT NULL, created REAL NOT NULL);
-"""
+__all__ = ["AnswerCache", "CompileCache", "JsonStore", "default_cache_path"]
 
 
 def default_cache_path() -> Path:
@@ -40,31 +31,8 @@ def default_cache_path() -> Path:
     return Path(root) / "cache.sqlite3"
 
 
-class AnswerCache:
-    """Whole fit results in SQLite, keyed by the question asked."""
+class AnswerCache(JsonStore):
+    """Whole fit results, keyed by the question asked."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-        with self._lock, self._db:
-            self._db.executescript(SCHEMA)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The result stored under ``key``, or ``None``."""
-        with self._lock:
-            row = self._db.execute("SELECT result FROM answers WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
-
-    def put(self, key: str, result: dict[str, Any]) -> None:
-        """Store one result (one transaction)."""
-        with self._lock, self._db:
-            self._db.execute(
-                "INSERT OR REPLACE INTO answers (key, result, created) VALUES (?, ?, ?)",
-                (key, json.dumps(result), time.time()),
-            )
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        super().__init__(str(path), "answers")

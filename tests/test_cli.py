@@ -6,17 +6,9 @@ import json
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, error_line
 
 SMALL = ["--example", "mlp-tiny", "--device-memory", "8MiB", "--mem-fraction", "0.5", "--max-batch", "4096"]
-
-
-def error_line(proc) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("jaxfit: error:")]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 def test_fit_prints_a_table_and_writes_documented_json(run_cli, tmp_path):

@@ -11,21 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, error_line
 from wandb_offline import wandb_run
 
 import jaxfit
 
 TRAIN = str(REPO / "scripts" / "train.py")
 SMALL = ["--device-memory", "64MiB", "--mem-fraction", "0.5"]
-
-
-def error_line(proc) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("jaxfit: error:")]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 def test_probing_train_py_gives_the_peaks_of_the_api_fit(tmp_path, monkeypatch):

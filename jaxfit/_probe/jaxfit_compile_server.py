@@ -78,38 +78,46 @@ def memory_of(compiled: Any) -> Dict[str, Any]:
     }
 
 
-class CompileCache:
-    """Memory analyses of single compiles in SQLite, keyed by program fingerprint and context.
+class JsonStore:
+    """A table of JSON values in SQLite, keyed by string; safe across threads and processes.
 
     Each write is one transaction: a crash leaves the previous state, never half a row.
     """
 
-    SCHEMA = "CREATE TABLE IF NOT EXISTS compiles (key TEXT PRIMARY KEY, memory TEXT NOT NULL, created REAL NOT NULL)"
-
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, table: str) -> None:
+        if not table.isidentifier():
+            raise ValueError("bad table name %r" % table)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self._table = table
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
         with self._lock, self._db:
-            self._db.execute(self.SCHEMA)
+            self._db.execute("CREATE TABLE IF NOT EXISTS %s (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
+                             "created REAL NOT NULL)" % table)
 
     def get(self, key: str) -> Optional[Dict[str, Any]]:
-        """The memory report stored under ``key``, or ``None``."""
+        """The value stored under ``key``, or ``None``."""
         with self._lock:
-            row = self._db.execute("SELECT memory FROM compiles WHERE key = ?", (key,)).fetchone()
+            row = self._db.execute("SELECT value FROM %s WHERE key = ?" % self._table, (key,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def put(self, key: str, memory: Dict[str, Any]) -> None:
-        """Store one memory report."""
+    def put(self, key: str, value: Dict[str, Any]) -> None:
+        """Store one value (replacing any under the same key)."""
         with self._lock, self._db:
-            self._db.execute(
-                "INSERT OR REPLACE INTO compiles (key, memory, created) VALUES (?, ?, ?)",
-                (key, json.dumps(memory), time.time()),
-            )
+            self._db.execute("INSERT OR REPLACE INTO %s (key, value, created) VALUES (?, ?, ?)" % self._table,
+                             (key, json.dumps(value), time.time()))
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+class CompileCache(JsonStore):
+    """Memory analyses of single compiles, keyed by program fingerprint and compile context."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "compiles")
 
 
 def device_info() -> Dict[str, Any]:
