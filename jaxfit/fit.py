@@ -24,7 +24,7 @@ from jaxfit import budget as budget_mod
 from jaxfit.cache import AnswerCache, default_cache_path
 from jaxfit.compiler import CompileChild, CompileOutcome, DeviceInfo
 from jaxfit.errors import CompileError, ConfigError, DoesNotFitError
-from jaxfit.search import Grid, search
+from jaxfit.search import Grid, reverify, search
 from jaxfit.sources import source_identity
 
 DEFAULT_MEM_FRACTION = 0.45
@@ -447,40 +447,35 @@ def _verify(child: CompileChild, answer: int, grid: Grid, budget: int,
             progress: Progress | None) -> tuple[int, dict[int, CompileOutcome]]:
     """Settle the boundary again with autotuned compiles: the answer must fit, its neighbour not.
 
-    Each round compiles the answer and both neighbours concurrently, so a boundary that moved by
-    one step costs no extra round.
+    The first round compiles the answer, the batch above and (as a hedge) the batch below
+    concurrently, so a boundary that moved down by one step costs no extra round; later rounds
+    compile only what :func:`jaxfit.search.reverify` still lacks.
 
     Returns:
       The verified answer and every autotuned compile.
     """
     checked: dict[int, CompileOutcome] = {}
-
-    def fits(b: int) -> bool:
-        m = checked[b].memory
-        return m is not None and m.peak_bytes <= budget
-
+    excess: dict[int, float] = {}
+    hedge = [answer - grid.step] if answer - grid.step >= grid.first else []
     while True:
-        batches = [b for b in (answer - grid.step, answer, answer + grid.step)
-                   if grid.first <= b <= grid.last and b not in checked]
-        if batches:
-            _notify(progress, "verify", batch=answer, batches=batches)
-            got = child.compile(batches, autotune=True, threads=len(batches),
-                                on_result=lambda o: _notify(progress, "compiled", outcome=o, budget=budget))
-            for o in got.values():
-                if o.memory is None and not o.oom:
-                    _raise_compile_error(o)
-            checked.update(got)
-        if fits(answer):
-            if answer + grid.step in checked and fits(answer + grid.step):
-                answer += grid.step  # autotuning squeezed harder: the boundary is higher
-                continue
-            return answer, checked
-        if answer - grid.step < grid.first:
+        settled_at, missing = reverify(grid, answer, excess)
+        if settled_at is None:
             raise DoesNotFitError(
-                f"batch {answer} fits only without autotuning and no smaller batch is allowed; "
+                f"batch {grid.first} fits only without autotuning and no smaller batch is allowed; "
                 "raise --mem-fraction or lower --min-batch"
             )
-        answer -= grid.step
+        answer = settled_at
+        if not missing:
+            return answer, checked
+        batches, hedge = sorted(set(missing + [b for b in hedge if b not in excess])), []
+        _notify(progress, "verify", batch=answer, batches=batches)
+        got = child.compile(batches, autotune=True, threads=len(batches),
+                            on_result=lambda o: _notify(progress, "compiled", outcome=o, budget=budget))
+        for b, o in got.items():
+            if o.memory is None and not o.oom:
+                _raise_compile_error(o)
+            checked[b] = o
+            excess[b] = math.inf if o.memory is None else o.memory.peak_bytes - budget
 
 
 # -- fit inverted: the smallest fraction ----------------------------------------------------------
@@ -589,21 +584,23 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
             raise DoesNotFitError(f"batch {batch_size} does not fit under any fraction of this device")
         units = -found.answer
         if options.verify:
-            # As in fit_batch: the autotuned program must fit at the answer, and not one step below.
+            # As in fit_batch: the autotuned program decides (x = -units, so "the batch above" is
+            # the fraction below).
+            tuned: dict[int, float] = {}
+            x = -units
             while True:
-                todo = [u for u in (units - 1, units) if lowest <= u <= FRACTION_STEPS and u not in verified]
-                if todo:
-                    verified.update(compile_at(todo, autotune=True))
-                if excess(*verified[units]) <= 0:
-                    if units - 1 in verified and excess(*verified[units - 1]) <= 0:
-                        units -= 1
-                        continue
-                    break
-                if units >= FRACTION_STEPS:
+                settled_x, missing = reverify(grid, x, tuned)
+                if settled_x is None:
                     raise DoesNotFitError(
                         f"batch {batch_size} fits the whole device only without autotuning; use a smaller batch"
                     )
-                units += 1
+                x = settled_x
+                if not missing:
+                    break
+                got = compile_at([-m for m in missing], autotune=True)
+                verified.update(got)
+                tuned.update({-u: excess(*got[u]) for u in got})
+            units = -x
         chosen = verified.get(units) or outcomes.get(units)
         if chosen is None:  # the answer is the whole device, compiled first
             peak, limit = full.memory.peak_bytes, total
