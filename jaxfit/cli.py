@@ -41,7 +41,7 @@ class SearchArgs:
     cache: bool = True
     """Use the answer and compile cache (~/.cache/jaxfit or $JAXFIT_CACHE_DIR); --no-cache compiles afresh."""
     verify: bool = True
-    """On a GPU, settle the boundary again with autotuning on (the search runs with it off)."""
+    """On a GPU, compile every round after the first with autotuning on, as the step will run; --no-verify: all untuned (faster, approximate)."""
 
     def options(self, start_timeout: float = 900.0) -> object:
         from jaxfit.fit import FitOptions

@@ -111,7 +111,7 @@ class ProgressPrinter:
         elif event == "round":
             what = (f"fractions {', '.join(f'{f:.2f}' for f in data['fractions'])}" if "fractions" in data
                     else f"batch {', '.join(map(str, data['batches']))}")
-            tuned = " with autotuning on (verification)" if data.get("autotune") else ""
+            tuned = " (autotuned)" if data.get("autotune") else ""
             c.print(f"[dim]round {data['round']}: compiling {what}{tuned}[/]")
         elif event == "compiled":
             o = data["outcome"]
@@ -124,8 +124,5 @@ class ProgressPrinter:
                     f"[dim]  batch {o.batch_size}{where}: peak {format_bytes(o.memory.peak_bytes)} "
                     f"{'fits' if fits else 'does not fit'} ({o.compile_seconds:.1f} s{', cache' if o.cached else ''})[/]"
                 )
-        elif event == "verify":
-            c.print(f"[dim]verifying batch {data['batch']} with autotuning on: compiling "
-                    f"{', '.join(map(str, data['batches']))}[/]")
         elif event == "cached":
             c.print("[dim]answered from the cache (use --no-cache to compile afresh)[/]")

@@ -292,28 +292,6 @@ def search(
     return SearchResult(answer, outcome, rounds, evaluations, known)
 
 
-def reverify(grid: Grid, answer: int, known: Mapping[int, float]) -> tuple[int | None, list[int]]:
-    """Move a boundary found by one compiler setting to where another setting's compiles put it.
-
-    On a GPU the search compiles without autotuning; the autotuned program decides. Given the
-    autotuned excesses known so far, returns ``(answer, missing)``: the points still to compile
-    before the answer is proved (``[]`` when it is), or ``(None, [])`` when nothing on the grid
-    fits.
-    """
-    while True:
-        missing = [b for b in (answer, answer + grid.step) if b <= grid.last and b not in known]
-        if missing:
-            return answer, missing
-        if known[answer] <= 0:
-            if answer + grid.step <= grid.last and known[answer + grid.step] <= 0:
-                answer += grid.step  # the other setting squeezed harder: the boundary is higher
-                continue
-            return answer, []
-        if answer - grid.step < grid.first:
-            return None, []
-        answer -= grid.step
-
-
 def doubling_bisection(evaluate: Callable[[int], float], grid: Grid) -> SearchResult:
     """The trial-style baseline (Lightning's ``BatchSizeFinder``): double until failure, then bisect.
 

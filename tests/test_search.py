@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.search import Bracket, Grid, doubling_bisection, next_round, reverify, search, settled
+from jaxfit.search import Bracket, Grid, doubling_bisection, next_round, search, settled
 
 MiB = 1 << 20
 
@@ -116,30 +116,3 @@ def test_next_round_is_empty_once_settled():
 def test_bad_grids_are_config_errors(low, high, step, match):
     with pytest.raises(ConfigError, match=match):
         Grid(low, high, step)
-
-
-@pytest.mark.parametrize(
-    "tuned,answer,expected,compiles",
-    [
-        # FACTS-like: the untuned search said 14, the autotuned 14 needs more than the budget.
-        ({12: -1.0, 13: -0.5, 14: 2.0, 15: 3.0}, 14, 13, {13, 14, 15, 12}),
-        ({13: -1.0, 14: -0.5, 15: 2.0}, 14, 14, {13, 14, 15}),  # confirmed as it stands
-        ({14: -3.0, 15: -1.0, 16: -0.5, 17: 1.0}, 14, 16, {14, 15, 16, 17}),  # tuned squeezes harder
-        ({1: 1.0, 2: 2.0}, 1, None, {1, 2}),  # nothing fits once tuned
-    ],
-)
-def test_reverify_moves_the_boundary_to_the_tuned_compiles(tuned, answer, expected, compiles):
-    grid = Grid(1, 64)
-    known: dict[int, float] = {}
-    asked: set[int] = set()
-    while True:
-        settled_at, missing = reverify(grid, answer, known)
-        if settled_at is None or not missing:
-            break
-        answer = settled_at
-        asked.update(missing)
-        known.update({b: tuned[b] for b in missing})
-    assert settled_at == expected
-    assert asked <= compiles
-    if expected is not None:
-        assert known[expected] <= 0 and known[expected + 1] > 0
