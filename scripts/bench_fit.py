@@ -178,8 +178,7 @@ def table_main(args: argparse.Namespace) -> int:
     # of the latest record that has one (the trials do not depend on jaxfit's code).
     rows = []
     for name in dict.fromkeys(r["workload"] for r in records):
-        mine = [r for r in records if r["workload"] == name and r["mem_fraction"] == records[-1]["mem_fraction"]
-                or r["workload"] == name]
+        mine = [r for r in records if r["workload"] == name]
         latest = dict(mine[-1])
         if "true_max" not in latest:
             truth = [r for r in mine if "true_max" in r and r["mem_fraction"] == latest["mem_fraction"]]
