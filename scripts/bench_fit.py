@@ -15,7 +15,7 @@ For each workload, at a fixed memory fraction:
 Usage (on the GPU machine)::
 
     python scripts/bench_fit.py run --out benchmarks/results/h200 [--only gpt-small-fp32 ...]
-    python scripts/bench_fit.py table benchmarks/results/h200/raw.jsonl > benchmarks/RESULTS-h200.md
+    python scripts/bench_fit.py table benchmarks/results/h200/*/raw.jsonl
 
 ``trial`` is the internal per-trial entry point.
 """
@@ -173,7 +173,7 @@ def _mib(n: float | None) -> str:
 
 
 def table_main(args: argparse.Namespace) -> int:
-    records = [json.loads(line) for line in Path(args.raw).read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for raw in args.raw for line in Path(raw).read_text().splitlines() if line.strip()]
     # The latest record of each workload; a jaxfit-only rerun (--skip-trials) keeps the ground truth
     # of the latest record that has one (the trials do not depend on jaxfit's code).
     rows = []
@@ -211,8 +211,8 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--only", nargs="*", choices=list(WORKLOADS))
     p.add_argument("--skip-trials", action="store_true", help="time jaxfit only (no ground truth)")
-    p = sub.add_parser("table", help="render raw.jsonl as a markdown table")
-    p.add_argument("raw")
+    p = sub.add_parser("table", help="render raw.jsonl files as a markdown table (later records win)")
+    p.add_argument("raw", nargs="+")
     p = sub.add_parser("trial", help="internal: one trial in this process")
     p.add_argument("--example", required=True)
     p.add_argument("--set", action="append", default=[])
