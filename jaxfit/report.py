@@ -124,5 +124,7 @@ class ProgressPrinter:
                     f"[dim]  batch {o.batch_size}{where}: peak {format_bytes(o.memory.peak_bytes)} "
                     f"{'fits' if fits else 'does not fit'} ({o.compile_seconds:.1f} s{', cache' if o.cached else ''})[/]"
                 )
+        elif event == "note":
+            c.print(f"[dim]{data['text']}[/]")
         elif event == "cached":
             c.print("[dim]answered from the cache (use --no-cache to compile afresh)[/]")
