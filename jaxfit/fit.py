@@ -300,8 +300,8 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
       source: Where the workload comes from (:func:`jaxfit.sources.example_source` or
         :func:`jaxfit.sources.entry_source`).
       options: Fraction, headroom, bounds, cache.
-      progress: Called with ``(event, data)`` as the search goes (``start``, ``round``,
-        ``compiled``, ``verify``, ``done``).
+      progress: Called with ``(event, data)`` as the search goes (``starting``, ``start``,
+        ``round``, ``compiled``, ``note``, ``cached``, ``done``).
 
     Returns:
       The result; ``peak(batch_size) <= budget < peak(batch_size + multiple_of)`` when
