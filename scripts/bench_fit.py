@@ -41,6 +41,7 @@ WORKLOADS: dict[str, tuple[str, dict[str, str], float]] = {
     "gpt-small-bf16-remat": ("gpt-small", {"dtype": "bfloat16", "remat": "true"}, 0.04),
     "vit-small-fp32": ("vit-small", {}, 0.01),
     "mlp-fp32": ("mlp", {}, 0.008),
+    "gpt-tiny-fp32": ("gpt-tiny", {}, 0.01),
 }
 TRIAL_MARK = "JAXFIT_TRIAL "
 
