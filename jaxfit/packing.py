@@ -1,0 +1,437 @@
+"""Packing training runs onto GPUs by their measured memory needs (pure logic, no devices).
+
+The memory a run takes on a GPU
+-------------------------------
+A JAX process started with ``XLA_PYTHON_CLIENT_MEM_FRACTION=f`` on a GPU of ``total`` bytes gets
+an allocator pool of ``f x total`` (FACTS.md #4), and holds about 618 MiB more outside the pool
+(CUDA context and libraries, FACTS.md #5). The pool may be fully preallocated, so a run is
+charged its whole pool, not its peak::
+
+    fraction = ceil_to_0.01((peak + headroom) / total)      (jaxfit.budget.fraction_for_bytes)
+    need     = ceil(fraction x total) + process_overhead
+
+or, for a run with a fixed fraction, that fraction. The fraction (and so the need) depends on the
+GPU's total, so it is worked out per GPU. A GPU holds runs together while their needs sum to at
+most ``total - reserve`` (its *capacity*). Three processes at fraction 0.33 do not fit an H200
+(143,160 MiB: 3 x (47,243 + 618) MiB > 143,160 MiB); three at 0.32 do.
+
+The policy: best-fit decreasing, in order of start, with waiting runs
+----------------------------------------------------------------------
+1. Order. Runs are taken by priority (higher first), then by need (larger first: "decreasing";
+   the need on the largest GPU), then in the order given.
+2. Place. Each GPU keeps the runs the plan has live on it, in the order they start. A run goes to
+   a GPU where it fits next to those live runs. If it fits on none, it *waits*: on each GPU, it
+   would start once the fewest of the live runs have finished, taken oldest first (durations are
+   unknown, so runs are assumed to finish in the order they started); the run takes the GPU
+   where it waits for the fewest runs in all. Among equal waits it takes the GPU it fills
+   tightest ("best fit": the least capacity left), then the lowest index.
+3. Record. A run's ``after`` lists every run on its GPU that the plan has had finish up to its
+   placement (those sets only grow along a GPU), its ``wave`` is 0 when it starts at once and
+   otherwise one more than the latest wave in ``after``, and ``start`` is its position in the
+   order of placement (0 first).
+
+Why this is safe whatever the real durations: if a run starts only when every run in its
+``after`` has finished, then at any moment the live runs of a GPU are a subset of one live set
+the plan checked (the one at the latest-placed run whose ``after`` has all finished), whose
+needs sum to at most the capacity. Runs never start before an earlier-placed run of the same GPU
+(their ``after`` sets contain its own), so priorities hold per GPU; a lower-priority run may start
+at once on another GPU where a higher-priority one did not fit ("backfill").
+
+A run whose need exceeds every GPU's capacity is rejected up front with a one-line
+:class:`jaxfit.errors.ConfigError` that says what it needs and what the largest GPU offers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from jaxfit.budget import fraction_for_bytes, format_bytes
+from jaxfit.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class GPU:
+    """One GPU to pack onto.
+
+    Attributes:
+      index: The device index (as in ``CUDA_VISIBLE_DEVICES``).
+      total_bytes: The device's total memory as CUDA reports it (the base of every fraction).
+    """
+
+    index: int
+    total_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    """What one run needs inside its pool.
+
+    Attributes:
+      name: The run's name (unique within a plan).
+      peak_bytes: The run's fitted peak (``FitResult.peak_bytes``), or None when only a fixed
+        ``fraction`` is known.
+      priority: Higher is placed, and started, earlier.
+      fraction: A fixed memory fraction for the run; None to derive it from ``peak_bytes``.
+        When both are given, the fraction sets the pool and a GPU whose pool at that fraction is
+        smaller than ``peak_bytes + headroom_bytes`` is not used for the run.
+      headroom_bytes: Extra bytes kept inside the pool on top of the peak.
+    """
+
+    name: str
+    peak_bytes: int | None = None
+    priority: int = 0
+    fraction: float | None = None
+    headroom_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("a packing need has an empty name; name every run")
+        if self.peak_bytes is None and self.fraction is None:
+            raise ConfigError(
+                f"run {self.name!r} has neither a peak nor a fraction; "
+                "fit it first or give it a fraction"
+            )
+        if self.peak_bytes is not None and self.peak_bytes <= 0:
+            raise ConfigError(f"run {self.name!r}: peak_bytes={self.peak_bytes} must be positive")
+        if self.fraction is not None and not (math.isfinite(self.fraction) and 0 < self.fraction <= 1):
+            raise ConfigError(f"run {self.name!r}: fraction={self.fraction!r} must be in (0, 1]")
+        if self.headroom_bytes < 0:
+            raise ConfigError(f"run {self.name!r}: headroom_bytes={self.headroom_bytes} must be >= 0")
+
+    def fraction_on(self, total_bytes: int) -> float:
+        """The pool fraction on a GPU of ``total_bytes`` (may exceed 1: the run does not fit)."""
+        if self.fraction is not None:
+            return self.fraction
+        assert self.peak_bytes is not None  # __post_init__ guarantees one of the two
+        return fraction_for_bytes(self.peak_bytes + self.headroom_bytes, total_bytes)
+
+    def pool_on(self, total_bytes: int) -> int:
+        """The pool in bytes on a GPU of ``total_bytes``: the fraction's share, rounded up."""
+        return math.ceil(self.fraction_on(total_bytes) * total_bytes)
+
+    def need_on(self, total_bytes: int, overhead_bytes: int) -> int:
+        """The physical memory the run takes on a GPU of ``total_bytes``: pool plus overhead."""
+        return self.pool_on(total_bytes) + overhead_bytes
+
+    def fits_pool_on(self, total_bytes: int) -> bool:
+        """Whether the pool holds the run (fraction <= 1, and a fixed fraction holds the peak)."""
+        if self.fraction_on(total_bytes) > 1:
+            return False
+        if self.fraction is not None and self.peak_bytes is not None:
+            return self.pool_on(total_bytes) >= self.peak_bytes + self.headroom_bytes
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where and when one run goes.
+
+    Attributes:
+      name: The run.
+      gpu: The GPU index it runs on.
+      mem_fraction: Its ``XLA_PYTHON_CLIENT_MEM_FRACTION`` on that GPU.
+      peak_bytes: Its fitted peak (None when only a fixed fraction was given).
+      pool_bytes: Its allocator pool, ``mem_fraction x total`` rounded up.
+      need_bytes: The physical memory it takes: pool plus the per-process overhead.
+      priority: Its priority.
+      start: Its position in the plan's start order (0 first).
+      wave: 0 when it starts at once, else one more than the latest wave of the runs in ``after``.
+      after: The runs on the same GPU that must finish before it starts (empty: at once).
+    """
+
+    name: str
+    gpu: int
+    mem_fraction: float
+    peak_bytes: int | None
+    pool_bytes: int
+    need_bytes: int
+    priority: int
+    start: int
+    wave: int
+    after: tuple[str, ...]
+
+    @property
+    def immediate(self) -> bool:
+        """Whether the run starts at once."""
+        return not self.after
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data."""
+        data = dataclasses.asdict(self)
+        data["after"] = list(self.after)
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuPlan:
+    """What the plan puts on one GPU.
+
+    Attributes:
+      index: The GPU index.
+      total_bytes: Its total memory.
+      capacity_bytes: ``total - reserve``: what runs live together on it may take.
+      initial_bytes: The needs of the runs that start on it at once.
+      planned_bytes: The most the plan has live on it at any one time (<= capacity).
+      runs: The names of its runs, in start order.
+    """
+
+    index: int
+    total_bytes: int
+    capacity_bytes: int
+    initial_bytes: int
+    planned_bytes: int
+    runs: tuple[str, ...]
+
+    @property
+    def free_bytes(self) -> int:
+        """Capacity left at the plan's fullest moment on this GPU."""
+        return self.capacity_bytes - self.planned_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data."""
+        data = dataclasses.asdict(self)
+        data["runs"] = list(self.runs)
+        data["free_bytes"] = self.free_bytes
+        return data
+
+
+ROW_HEADERS: tuple[str, ...] = (
+    "start", "experiment", "gpu", "fraction", "peak", "need", "priority", "after",
+)
+"""Column names of :meth:`Plan.rows`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The packing of runs onto GPUs.
+
+    Attributes:
+      placements: One per run, in start order.
+      gpus: One per GPU given, in the order given.
+      reserve_bytes: Memory kept free on every GPU.
+      overhead_bytes: Per-process memory outside the pool, counted for every run.
+    """
+
+    placements: tuple[Placement, ...]
+    gpus: tuple[GpuPlan, ...]
+    reserve_bytes: int
+    overhead_bytes: int
+
+    def placement(self, name: str) -> Placement:
+        """The placement of the run ``name`` (KeyError if none)."""
+        for placement in self.placements:
+            if placement.name == name:
+                return placement
+        raise KeyError(name)
+
+    def gpu(self, index: int) -> GpuPlan:
+        """The plan of GPU ``index`` (KeyError if none)."""
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        raise KeyError(index)
+
+    @property
+    def waves(self) -> int:
+        """How many waves the plan has (1: everything starts at once)."""
+        return 1 + max((p.wave for p in self.placements), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data: the placements, the GPUs, the reserve and the overhead."""
+        return {
+            "reserve_bytes": self.reserve_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "waves": self.waves,
+            "placements": [p.to_dict() for p in self.placements],
+            "gpus": [g.to_dict() for g in self.gpus],
+        }
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row of strings per run, in start order, under :data:`ROW_HEADERS`."""
+        return [
+            (
+                str(p.start), p.name, str(p.gpu), f"{p.mem_fraction:.2f}", format_bytes(p.peak_bytes),
+                format_bytes(p.need_bytes), str(p.priority),
+                "now" if p.immediate else "after " + ", ".join(p.after),
+            )
+            for p in self.placements
+        ]
+
+
+@dataclasses.dataclass
+class _GpuState:
+    """A GPU during planning: its live runs (start order) and the runs that finished."""
+
+    gpu: GPU
+    capacity: int
+    live: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    finished: list[str] = dataclasses.field(default_factory=list)
+    planned: int = 0
+    initial: int = 0
+
+    def used(self) -> int:
+        return sum(need for _, need in self.live)
+
+    def releases_needed(self, need: int) -> int | None:
+        """How many of the oldest live runs must finish before ``need`` fits (None: never)."""
+        if need > self.capacity:
+            return None
+        used = self.used()
+        for k, (_, run_need) in enumerate(self.live):
+            if used + need <= self.capacity:
+                return k
+            used -= run_need
+        return len(self.live)
+
+
+def _check_inputs(
+    needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int, overhead_bytes: int
+) -> None:
+    """Reject empty, duplicate or negative inputs with one-line messages."""
+    if not gpus:
+        raise ConfigError("no GPU to plan on; give at least one GPU (or set device_memory)")
+    indices = [g.index for g in gpus]
+    if len(set(indices)) != len(indices):
+        raise ConfigError(f"GPU indices {indices} repeat; list each GPU once")
+    for g in gpus:
+        if g.total_bytes <= 0:
+            raise ConfigError(f"GPU {g.index} has total memory {g.total_bytes}; it must be positive")
+    if reserve_bytes < 0 or overhead_bytes < 0:
+        raise ConfigError(
+            f"reserve ({reserve_bytes}) and process overhead ({overhead_bytes}) must be >= 0 bytes"
+        )
+    names = [n.name for n in needs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"run {duplicates[0]!r} appears twice; give each run its own name")
+
+
+def _holds_alone(state: _GpuState, need: Need, overhead_bytes: int) -> bool:
+    """Whether the GPU of ``state`` holds ``need`` with nothing else on it."""
+    total = state.gpu.total_bytes
+    return need.fits_pool_on(total) and need.need_on(total, overhead_bytes) <= state.capacity
+
+
+def _reject_if_too_big(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -> None:
+    """Raise a one-line ``ConfigError`` when ``need`` fits no GPU even alone."""
+    if any(_holds_alone(state, need, overhead_bytes) for state in states):
+        return
+    largest = max(states, key=lambda s: (s.capacity, s.gpu.total_bytes))
+    total = largest.gpu.total_bytes
+    reserve = total - largest.capacity
+    offers = (
+        f"the largest GPU offers {format_bytes(max(largest.capacity, 0))} "
+        f"(GPU {largest.gpu.index}: {format_bytes(total)}"
+        + (f" less a {format_bytes(reserve)} reserve)" if reserve else ")")
+    )
+    overhead = f"{format_bytes(overhead_bytes)} per-process overhead"
+    fraction = need.fraction_on(total)
+    peak = ""
+    if need.peak_bytes is not None:
+        peak = format_bytes(need.peak_bytes) + " peak" + (
+            f" + {format_bytes(need.headroom_bytes)} headroom" if need.headroom_bytes else ""
+        )
+    if fraction <= 1 and not need.fits_pool_on(total):  # a fixed fraction below the peak
+        raise ConfigError(
+            f"run {need.name!r}: fraction {fraction:.2f} gives a {format_bytes(need.pool_on(total))} "
+            f"pool on the largest GPU, less than its {peak}; raise its fraction or use fraction: auto"
+        )
+    if fraction <= 1:
+        needed = need.need_on(total, overhead_bytes)
+        what = f"fraction {fraction:.2f} of {format_bytes(total)}"
+        detail = f"{what} for a {peak} + {overhead}" if need.fraction is None else f"{what} + {overhead}"
+    else:  # the peak alone is more than the whole GPU
+        assert need.peak_bytes is not None
+        needed = need.peak_bytes + need.headroom_bytes + overhead_bytes
+        detail = f"{peak} + {overhead}"
+    raise ConfigError(
+        f"run {need.name!r} needs {format_bytes(needed)} ({detail}) but {offers}; "
+        "lower its batch or fraction, lower the reserve, or use a larger GPU"
+    )
+
+
+def _choose_gpu(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -> tuple[_GpuState, int, int]:
+    """Where ``need`` goes: ``(gpu state, oldest live runs that must finish first, its need there)``.
+
+    The GPU where it waits for the fewest runs in all (those already planned to finish there plus
+    the ones it needs freed), then the one it leaves with the least capacity (best fit), then the
+    first given.
+    """
+    best: tuple[tuple[int, int, int], _GpuState, int, int] | None = None
+    for position, state in enumerate(states):
+        total = state.gpu.total_bytes
+        if not need.fits_pool_on(total):
+            continue
+        bytes_needed = need.need_on(total, overhead_bytes)
+        releases = state.releases_needed(bytes_needed)
+        if releases is None:
+            continue
+        still_live = state.used() - sum(n for _, n in state.live[:releases])
+        key = (len(state.finished) + releases, state.capacity - still_live - bytes_needed, position)
+        if best is None or key < best[0]:
+            best = (key, state, releases, bytes_needed)
+    assert best is not None  # _reject_if_too_big made sure some GPU holds it alone
+    return best[1], best[2], best[3]
+
+
+def plan(
+    needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int = 0, overhead_bytes: int = 0
+) -> Plan:
+    """Pack ``needs`` onto ``gpus`` (best-fit decreasing in waves; the module docstring has the policy).
+
+    Args:
+      needs: One per run (unique names). Input order breaks ties of priority and need.
+      gpus: The GPUs to use (unique indices; sizes may differ).
+      reserve_bytes: Memory kept free on every GPU.
+      overhead_bytes: Memory each process holds outside its pool (CUDA context; ~618 MiB).
+
+    Returns:
+      The plan: placements in start order, and per GPU what it holds.
+
+    Raises:
+      ConfigError: bad inputs, or a run that fits no GPU even alone (one line: what it needs
+        and what the largest GPU offers).
+    """
+    _check_inputs(needs, gpus, reserve_bytes, overhead_bytes)
+    states = [_GpuState(gpu=g, capacity=g.total_bytes - reserve_bytes) for g in gpus]
+    for need in needs:
+        _reject_if_too_big(need, states, overhead_bytes)
+
+    largest_total = max(g.total_bytes for g in gpus)
+    order = sorted(
+        range(len(needs)),
+        key=lambda i: (-needs[i].priority, -needs[i].need_on(largest_total, overhead_bytes), i),
+    )
+    waves: dict[str, int] = {}
+    placements: list[Placement] = []
+    for start, i in enumerate(order):
+        need = needs[i]
+        state, releases, bytes_needed = _choose_gpu(need, states, overhead_bytes)
+        state.finished.extend(name for name, _ in state.live[:releases])
+        del state.live[:releases]
+        state.live.append((need.name, bytes_needed))
+        state.planned = max(state.planned, state.used())
+        after = tuple(state.finished)
+        if not after:
+            state.initial += bytes_needed
+        waves[need.name] = 1 + max(waves[name] for name in after) if after else 0
+        total = state.gpu.total_bytes
+        placements.append(Placement(
+            name=need.name, gpu=state.gpu.index, mem_fraction=need.fraction_on(total),
+            peak_bytes=need.peak_bytes, pool_bytes=need.pool_on(total), need_bytes=bytes_needed,
+            priority=need.priority, start=start, wave=waves[need.name], after=after,
+        ))
+
+    gpu_plans = tuple(
+        GpuPlan(
+            index=s.gpu.index, total_bytes=s.gpu.total_bytes, capacity_bytes=s.capacity,
+            initial_bytes=s.initial, planned_bytes=s.planned,
+            runs=tuple(p.name for p in placements if p.gpu == s.gpu.index),
+        )
+        for s in states
+    )
+    return Plan(placements=tuple(placements), gpus=gpu_plans, reserve_bytes=reserve_bytes,
+                overhead_bytes=overhead_bytes)
