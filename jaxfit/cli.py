@@ -240,6 +240,61 @@ def examples_command() -> None:
     Console().print(table)
 
 
+@app.command(name="schedule")
+def schedule_command(
+    queue: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="QUEUE.yaml")],
+    dry_run: bool = False,
+    gpus: int | None = None,
+    device_memory: str | None = None,
+    json: str | None = None,
+    quiet: bool = False,
+    max_batch: int = 65536,
+    probe_args: Annotated[tuple[str, ...], tyro.conf.arg(name="probe-arg"), tyro.conf.UseAppendAction] = (),
+) -> int:
+    """Plan a queue of training runs onto GPUs: fit each run's batch and fraction, then pack them (see jaxfit/schedule.py).
+
+    Usage: `jaxfit schedule configs/queue-debug.yaml --dry-run`. Each experiment's command is
+    probed in the current directory (its train step is compiled, never run) to fit what its queue
+    entry leaves `auto`; runs with both batch and fraction given are not probed. Runs with both
+    `auto` get an equal share of a GPU: floor_to_0.01((total - reserve - n x overhead) / n / total)
+    with n = ceil(experiments / GPUs). Only --dry-run is built: it prints the plan and starts nothing.
+
+    Args:
+        queue: The queue file (YAML; see jaxfit/queue.py and configs/queue-debug.yaml).
+        dry_run: Print the plan and stop (required for now: running the queue is not built yet).
+        gpus: Plan on this many GPUs (with --device-memory: logical GPUs, none need be present).
+        device_memory: The memory of each GPU, e.g. 80GiB (overrides the queue's device_memory).
+        json: Also write {"runs": [...], "plan": {...}} to this file.
+        quiet: No fit progress.
+        max_batch: Largest batch size to consider when fitting a batch.
+        probe_args: An argument added to every command only while probing; repeatable (e.g. --probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe).
+    """
+    from jaxfit.queue import load_queue
+    from jaxfit.report import check_writable, write_json
+    from jaxfit.schedule import gpu_lines, plan_queue, resolve_gpus, schedule_dict, schedule_table
+
+    if _COMMAND:
+        raise JaxfitError("jaxfit schedule takes no command after --; the commands are in the queue file")
+    if not dry_run:
+        raise JaxfitError("execution is not built yet; use --dry-run to see the plan")
+    if json:
+        check_writable(json)
+    parsed = load_queue(queue)
+    size = budget_mod.parse_size(device_memory) if device_memory else None
+    targets = resolve_gpus(parsed, gpus=gpus, device_memory_bytes=size)
+    out, progress = _consoles(quiet)
+    from jaxfit.fit import FitOptions
+
+    runs, plan = plan_queue(parsed, targets, options_base=FitOptions(max_batch=max_batch), progress=progress,
+                            probe_args=list(probe_args))
+    if json:
+        write_json(json, schedule_dict(runs, plan))
+    out.print(schedule_table(runs, plan))
+    for line in gpu_lines(plan):
+        out.print(line, highlight=False)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jaxfit`` console script. Returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)

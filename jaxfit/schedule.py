@@ -1,0 +1,360 @@
+"""schedule: decide the batch and fraction of every run of a queue, and pack the runs onto GPUs.
+
+This module plans only (``jaxfit schedule QUEUE.yaml --dry-run``); it starts no training.
+
+What each experiment gets, on a GPU of ``total`` bytes
+-------------------------------------------------------
+- ``batch: B`` and ``fraction: F``: nothing is fitted; the run needs its pool ``F x total``.
+- ``batch: B``, ``fraction: auto``: :func:`jaxfit.fit.fit_fraction` finds the smallest fraction
+  (to 0.01) under which ``B`` compiles to a peak that fits; the run needs that fraction (and the
+  packer checks the pool holds the peak).
+- ``batch: auto``, ``fraction: F``: :func:`jaxfit.fit.fit_batch` finds the largest batch under ``F``.
+- both ``auto``: an *equal share*. With ``n = ceil(experiments / GPUs)`` runs per GPU, each gets
+  ``f = floor_to_0.01((capacity - n x overhead) / n / total)``, where ``capacity = total - reserve``,
+  and the largest batch under ``f`` is fitted. So if every run of the queue were ``auto`` they
+  would all start at once, ``n`` to a GPU; runs with fixed settings take what they ask for, and
+  the packer makes later runs wait where the sum does not fit.
+
+``global_batch``: when the chosen batch is smaller, ``grad_accum_steps = ceil(global_batch / batch)``
+is reported (information only: the command is not changed for it yet); otherwise 1.
+
+Every fit runs the experiment's own command as a probe (:func:`jaxfit.sources.script_source`: its
+jitted ``train_step`` is intercepted and compiled, never run), in the current directory, with the
+experiment's ``env`` added. With GPUs of different sizes the batches and fractions are decided on
+the smallest one: a batch that fits a fraction of the smallest GPU fits the same fraction of a
+larger one.
+
+Which GPUs
+----------
+``--gpus N --device-memory SIZE`` plans on ``N`` logical GPUs of that size. ``--device-memory``
+alone (or the queue's ``device_memory``) sets the size of the GPUs the queue's ``gpus:``
+selection picks (of the visible GPUs, or logical ones when none is visible). Otherwise the visible
+GPUs are read from ``nvidia-smi`` (respecting ``CUDA_VISIBLE_DEVICES``); their indices in the
+plan are positions among the visible GPUs, as in the queue's ``gpus:``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from jaxfit import packing
+from jaxfit.budget import format_bytes
+from jaxfit.command import with_batch
+from jaxfit.errors import ConfigError, JaxfitError
+from jaxfit.fit import FitOptions, Progress, fit_batch, fit_fraction
+from jaxfit.queue import Experiment, Queue
+from jaxfit.sources import script_source
+
+BATCH_FLAG = "--batch-size"
+"""The batch flag of the queue's commands (set on every planned command)."""
+
+NO_GPU_HINT = "pass --gpus N --device-memory SIZE to plan on N GPUs of SIZE (e.g. --gpus 1 --device-memory 80GiB)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledRun:
+    """What one experiment of a queue will run with.
+
+    Attributes:
+      name: The experiment.
+      command: Its command with ``--batch-size=N`` set.
+      batch_size: The batch it runs at (given, or fitted).
+      mem_fraction: Its ``XLA_PYTHON_CLIENT_MEM_FRACTION`` on the GPU size it was measured on.
+      peak_bytes: The compiled peak at that batch and fraction (None when nothing was fitted).
+      grad_accum_steps: ``ceil(global_batch / batch_size)`` when the queue asks for a larger
+        global batch, else 1 (information only; not applied to the command yet).
+      fitted: Whether anything was fitted (False: batch and fraction both given).
+      priority: The experiment's priority.
+    """
+
+    name: str
+    command: tuple[str, ...]
+    batch_size: int
+    mem_fraction: float
+    peak_bytes: int | None
+    grad_accum_steps: int
+    fitted: bool
+    priority: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data."""
+        data = dataclasses.asdict(self)
+        data["command"] = list(self.command)
+        return data
+
+
+def floor_to_hundredths(value: float) -> float:
+    """``value`` rounded down to a multiple of 0.01 (tolerant of float noise just below one)."""
+    return math.floor(value * 100 + 1e-9) / 100
+
+
+def equal_share(total_bytes: int, runs_per_gpu: int, reserve_bytes: int, overhead_bytes: int) -> float:
+    """The fraction each of ``runs_per_gpu`` runs gets so that they all fit one GPU together.
+
+    ``floor_to_0.01((total - reserve - n x overhead) / n / total)``.
+
+    Raises:
+      ConfigError: the share is below 0.01 (too many runs for the GPU).
+    """
+    n = max(1, runs_per_gpu)
+    capacity = total_bytes - reserve_bytes
+    share = floor_to_hundredths((capacity - n * overhead_bytes) / n / total_bytes)
+    if share < 0.01:
+        raise ConfigError(
+            f"{n} runs per GPU leave less than 1% of {format_bytes(total_bytes)} each (reserve "
+            f"{format_bytes(reserve_bytes)}, overhead {format_bytes(overhead_bytes)} per run); "
+            "give the experiments fixed fractions, use more GPUs, or lower the reserve"
+        )
+    return min(share, 1.0)
+
+
+@contextlib.contextmanager
+def _extra_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Add ``env`` to ``os.environ`` (which the probe inherits) for the duration, then restore it."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _notify(progress: Progress | None, text: str) -> None:
+    if progress is not None:
+        progress("note", {"text": text})
+
+
+def _accum_steps(experiment: Experiment, batch: int) -> int:
+    if experiment.global_batch is not None and batch < experiment.global_batch:
+        return math.ceil(experiment.global_batch / batch)
+    return 1
+
+
+def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
+                 probe_args: Sequence[str], progress: Progress | None) -> tuple[ScheduledRun, packing.Need]:
+    """Decide one experiment's batch and fraction (fitting what is ``auto``) and its packing need."""
+    name, priority, headroom = experiment.name, experiment.priority, options.headroom_bytes
+    if experiment.batch is not None and experiment.fraction is not None:
+        batch, fraction, peak, fitted = experiment.batch, experiment.fraction, None, False
+        need = packing.Need(name, fraction=fraction, priority=priority)
+    else:
+        source = script_source(list(experiment.command), batch_flag=BATCH_FLAG, probe_args=list(probe_args))
+        with _extra_environment(experiment.env):
+            if experiment.batch is not None:
+                _notify(progress, f"{name}: the smallest fraction for batch {experiment.batch}")
+                result = fit_fraction(source, experiment.batch, options, progress=progress)
+            else:
+                fraction = experiment.fraction if experiment.fraction is not None else auto_share
+                how = "given" if experiment.fraction is not None else "equal share"
+                _notify(progress, f"{name}: the largest batch under fraction {fraction:.2f} ({how})")
+                result = fit_batch(source, dataclasses.replace(options, mem_fraction=fraction), progress=progress)
+        batch, fraction, peak, fitted = result.batch_size, result.mem_fraction, result.peak_bytes, True
+        # The fit proved this fraction holds the peak (on a GPU the peak depends on the limit, so
+        # a smaller fraction worked out from the peak alone is not proven): the run needs it.
+        need = packing.Need(name, peak_bytes=peak, fraction=fraction, priority=priority, headroom_bytes=headroom)
+    run = ScheduledRun(
+        name=name, command=tuple(with_batch(experiment.command, BATCH_FLAG, batch)), batch_size=batch,
+        mem_fraction=fraction, peak_bytes=peak, grad_accum_steps=_accum_steps(experiment, batch),
+        fitted=fitted, priority=priority,
+    )
+    return run, need
+
+
+def _measure(queue: Queue, gpu_total_bytes: int, gpu_count: int, options_base: FitOptions,
+             progress: Progress | None, probe_args: Sequence[str]) -> list[tuple[ScheduledRun, packing.Need]]:
+    if gpu_total_bytes <= 0:
+        raise ConfigError(f"GPU memory {gpu_total_bytes} must be positive")
+    if gpu_count < 1:
+        raise ConfigError(f"--gpus {gpu_count} must be at least 1")
+    overhead = queue.process_overhead_bytes or 0
+    options = dataclasses.replace(options_base, device_memory_bytes=gpu_total_bytes)
+    share: float | None = None
+    if any(e.auto_batch and e.auto_fraction for e in queue.experiments):
+        runs_per_gpu = math.ceil(len(queue.experiments) / gpu_count)
+        share = equal_share(gpu_total_bytes, runs_per_gpu, queue.reserve_bytes, overhead)
+    out = []
+    for experiment in queue.experiments:
+        try:
+            out.append(_measure_one(experiment, options, share or 1.0, probe_args, progress))
+        except JaxfitError as err:
+            raise type(err)(f"experiment {experiment.name!r}: {err}") from None
+    return out
+
+
+def measure_needs(queue: Queue, gpu_total_bytes: int, *, options_base: FitOptions = FitOptions(),
+                  progress: Progress | None = None, gpu_count: int = 1,
+                  probe_args: Sequence[str] = ()) -> list[ScheduledRun]:
+    """Decide every experiment's batch and fraction on a GPU of ``gpu_total_bytes`` (module docstring).
+
+    Args:
+      queue: The validated queue.
+      gpu_total_bytes: The memory of the GPU the runs are measured for (the base of fractions).
+      options_base: Fit options (headroom, batch bounds, cache...); ``device_memory_bytes`` and
+        ``mem_fraction`` are set here.
+      progress: Fit progress events (plus a ``note`` naming each experiment as it is measured).
+      gpu_count: How many GPUs the queue shares (sets the equal share of ``auto`` runs).
+      probe_args: Arguments added to every command while probing only (e.g.
+        ``--checkpoint-base-dir=/tmp/probe``).
+
+    Returns:
+      One :class:`ScheduledRun` per experiment, in queue order.
+
+    Raises:
+      JaxfitError: a fit failed (the message names the experiment), or the equal share is empty.
+    """
+    return [run for run, _ in _measure(queue, gpu_total_bytes, gpu_count, options_base, progress, probe_args)]
+
+
+def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOptions = FitOptions(),
+               progress: Progress | None = None,
+               probe_args: Sequence[str] = ()) -> tuple[list[ScheduledRun], packing.Plan]:
+    """Measure every experiment (on the smallest of ``gpus``), then pack them onto ``gpus``.
+
+    Raises:
+      ConfigError: no GPU, a run that fits no GPU even alone (one line with its need), and every
+        error of :func:`measure_needs`.
+    """
+    if not gpus:
+        raise ConfigError(f"no GPU to plan on; {NO_GPU_HINT}")
+    smallest = min(g.total_bytes for g in gpus)
+    measured = _measure(queue, smallest, len(gpus), options_base, progress, probe_args)
+    plan = packing.plan([need for _, need in measured], gpus, reserve_bytes=queue.reserve_bytes,
+                        overhead_bytes=queue.process_overhead_bytes or 0)
+    return [run for run, _ in measured], plan
+
+
+# -- which GPUs ---------------------------------------------------------------------------------
+
+
+def detect_gpus() -> list[packing.GPU]:
+    """The visible GPUs as ``nvidia-smi`` reports them (index: position among the visible ones).
+
+    Respects ``CUDA_VISIBLE_DEVICES`` (numeric indices or UUID prefixes; empty or ``-1``: none).
+    Without ``nvidia-smi``, or when it fails: none.
+    """
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    physical: list[tuple[str, str, int]] = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3:
+            continue
+        try:
+            physical.append((parts[0], parts[1], int(float(parts[2])) << 20))  # MiB
+        except ValueError:
+            continue
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        chosen = physical
+    else:
+        chosen = []
+        for item in (v.strip() for v in visible.split(",")):
+            if not item or item == "-1":
+                break  # CUDA stops at the first invalid entry
+            match = [p for p in physical if p[0] == item or (item.startswith("GPU-") and p[1].startswith(item))]
+            if not match:
+                break
+            chosen.append(match[0])
+    return [packing.GPU(index=i, total_bytes=total) for i, (_, _, total) in enumerate(chosen)]
+
+
+def resolve_gpus(queue: Queue, *, gpus: int | None = None, device_memory_bytes: int | None = None,
+                 detected: Sequence[packing.GPU] | None = None) -> list[packing.GPU]:
+    """The GPUs to plan on (module docstring): CLI flags, else the queue's, else the visible GPUs.
+
+    Args:
+      gpus: ``--gpus N`` (None: the queue's ``gpus:`` selection).
+      device_memory_bytes: ``--device-memory`` (None: the queue's ``device_memory``, else each
+        GPU's own total).
+      detected: The visible GPUs (None: :func:`detect_gpus`).
+
+    Raises:
+      ConfigError: no GPU and no size to plan with, or more GPUs asked for than are visible.
+    """
+    if gpus is not None and gpus < 1:
+        raise ConfigError(f"--gpus {gpus} must be at least 1")
+    size = device_memory_bytes if device_memory_bytes is not None else queue.device_memory_bytes
+    if size is not None and size <= queue.reserve_bytes:
+        raise ConfigError(
+            f"device memory {format_bytes(size)} is not more than the queue's reserve "
+            f"{format_bytes(queue.reserve_bytes)}; plan on larger GPUs or lower the reserve"
+        )
+    if gpus is not None and size is not None:
+        return [packing.GPU(i, size) for i in range(gpus)]
+    visible = list(detect_gpus() if detected is None else detected)
+    if not visible:
+        if size is None:
+            raise ConfigError(f"{queue.source}: no GPU is visible and no device memory is set; {NO_GPU_HINT}")
+        return [packing.GPU(i, size) for i in queue.select_gpus(0)]
+    if gpus is not None:
+        if gpus > len(visible):
+            raise ConfigError(
+                f"--gpus {gpus} asks for {gpus} GPUs but {len(visible)} are visible; use --gpus "
+                f"{len(visible)} or fewer, or add --device-memory SIZE to plan on logical GPUs"
+            )
+        indices: Sequence[int] = range(gpus)
+    else:
+        indices = queue.select_gpus(len(visible))
+    return [packing.GPU(i, size if size is not None else visible[i].total_bytes) for i in indices]
+
+
+# -- showing a plan -----------------------------------------------------------------------------
+
+
+def schedule_dict(runs: Sequence[ScheduledRun], plan: packing.Plan) -> dict[str, Any]:
+    """The ``--json`` object: ``{"runs": [...], "plan": plan.to_dict()}``."""
+    return {"runs": [run.to_dict() for run in runs], "plan": plan.to_dict()}
+
+
+def schedule_table(runs: Sequence[ScheduledRun], plan: packing.Plan) -> Any:
+    """The plan as a rich table, one row per run in start order."""
+    from rich.table import Table
+
+    by_name = {run.name: run for run in runs}
+    table = Table(title=f"schedule: {len(runs)} runs on {len(plan.gpus)} GPUs in {plan.waves} waves",
+                  title_justify="left")
+    for column, justify in (("name", "left"), ("gpu", "right"), ("fraction", "right"), ("batch", "right"),
+                            ("accum", "right"), ("peak", "right"), ("need", "right"), ("start", "right"),
+                            ("wave", "right"), ("after", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for p in plan.placements:
+        run = by_name[p.name]
+        table.add_row(
+            p.name, str(p.gpu), f"{p.mem_fraction:.2f}", f"{run.batch_size}" + ("" if run.fitted else " (given)"),
+            str(run.grad_accum_steps), format_bytes(p.peak_bytes), format_bytes(p.need_bytes), str(p.start),
+            str(p.wave), "now" if p.immediate else ", ".join(p.after),
+        )
+    return table
+
+
+def gpu_lines(plan: packing.Plan) -> list[str]:
+    """One line per GPU: the most the plan has live on it against its capacity."""
+    lines = []
+    for g in plan.gpus:
+        reserve = g.total_bytes - g.capacity_bytes
+        lines.append(
+            f"GPU {g.index}: {format_bytes(g.planned_bytes)} live at most of {format_bytes(g.capacity_bytes)} "
+            f"capacity ({format_bytes(g.total_bytes)}" + (f" less a {format_bytes(reserve)} reserve" if reserve else "")
+            + f"); {len(g.runs)} runs" + (f": {', '.join(g.runs)}" if g.runs else "")
+        )
+    if plan.overhead_bytes:
+        lines.append(f"each run's need includes {format_bytes(plan.overhead_bytes)} per-process overhead")
+    return lines

@@ -1,0 +1,212 @@
+"""jaxfit schedule --dry-run: real probes of scripts/train.py on the CPU, the plan, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, error_line
+
+from jaxfit import packing
+from jaxfit.errors import ConfigError
+from jaxfit.queue import parse_queue
+from jaxfit.schedule import equal_share, resolve_gpus
+
+TRAIN = str(REPO / "scripts" / "train.py")
+GiB, MiB = 1 << 30, 1 << 20
+FAST = ["--max-batch", "2", "--quiet"]  # batches 1 and 2 only: one compile round per fit
+
+
+def _absolute(command):
+    """The queue's command with `python` and `scripts/train.py` made absolute (runs from any folder)."""
+    args = shlex.split(command) if isinstance(command, str) else list(command)
+    return [sys.executable if a == "python" else TRAIN if a == "scripts/train.py" else a for a in args]
+
+
+def _debug_queue(folder: Path, name: str = "queue.yaml", **changes) -> Path:
+    """configs/queue-debug.yaml with absolute commands; ``changes`` maps experiment -> keys to set."""
+    data = yaml.safe_load((REPO / "configs" / "queue-debug.yaml").read_text())
+    for experiment in data["experiments"]:
+        experiment["command"] = _absolute(experiment["command"])
+        experiment.update(changes.get(experiment["name"], {}))
+    path = folder / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "jaxfit.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=dict(os.environ, **(env or {})), timeout=timeout)
+
+
+def _repo_checkpoints() -> set[str]:
+    folder = REPO / "checkpoints"
+    return {str(p) for p in folder.rglob("*")} if folder.exists() else set()
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One compile cache for the probing tests, so the second plan reuses the first one's compiles."""
+    return {"JAXFIT_CACHE_DIR": str(tmp_path_factory.mktemp("schedule-cache")), "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def one_gpu_plan(tmp_path_factory, shared_cache):
+    """`jaxfit schedule <debug queue> --dry-run --json out.json` run once, from a temporary folder."""
+    cwd = tmp_path_factory.mktemp("schedule-one")
+    before = _repo_checkpoints()
+    queue = _debug_queue(cwd)
+    proc = _cli("schedule", str(queue), "--dry-run", "--json", "out.json", *FAST, cwd=cwd, env=shared_cache)
+    assert proc.returncode == 0, proc.stderr
+    assert _repo_checkpoints() == before  # the probes ran in the temporary folder
+    return proc, json.loads((cwd / "out.json").read_text())
+
+
+def _check_capacity(plan: dict) -> None:
+    """At no start does a GPU hold more than its capacity live (the runs it waits for are gone)."""
+    by_name = {p["name"]: p for p in plan["placements"]}
+    for gpu in plan["gpus"]:
+        assert gpu["planned_bytes"] <= gpu["capacity_bytes"]
+        placed = [p for p in plan["placements"] if p["gpu"] == gpu["index"]]
+        for p in placed:
+            live = [q for q in placed if q["start"] <= p["start"] and q["name"] not in p["after"]]
+            assert sum(q["need_bytes"] for q in live) <= gpu["capacity_bytes"], (gpu, p)
+        assert all(by_name[name]["gpu"] == gpu["index"] for name in gpu["runs"])
+
+
+def test_dry_run_plans_every_experiment(one_gpu_plan):
+    proc, data = one_gpu_plan
+    runs = {run["name"]: run for run in data["runs"]}
+    names = ["debug-gpt-auto", "debug-gpt-fixed", "debug-vit-batch", "debug-vit-accum"]
+    assert sorted(runs) == sorted(names)
+    for name in names:
+        assert name in proc.stdout
+        run = runs[name]
+        assert run["batch_size"] >= 1 and 0 < run["mem_fraction"] <= 1
+        assert run["command"][-1] == f"--batch-size={run['batch_size']}"
+    # fixed batch and fraction: kept as given, nothing fitted
+    fixed = runs["debug-gpt-fixed"]
+    assert (fixed["batch_size"], fixed["mem_fraction"], fixed["fitted"], fixed["peak_bytes"]) == (16, 0.1, False, None)
+    assert fixed["priority"] == 1 and data["plan"]["placements"][0]["name"] == "debug-gpt-fixed"
+    # fixed batch: the smallest fraction that holds it
+    vit_batch = runs["debug-vit-batch"]
+    assert vit_batch["batch_size"] == 16 and vit_batch["fitted"] and vit_batch["peak_bytes"] > 0
+    assert vit_batch["peak_bytes"] <= vit_batch["mem_fraction"] * 8 * GiB
+    # fixed fraction: the largest batch (capped at 2 here), accumulating to the global batch 32
+    accum = runs["debug-vit-accum"]
+    assert (accum["mem_fraction"], accum["batch_size"], accum["grad_accum_steps"]) == (0.05, 2, 16)
+    assert accum["fitted"] and accum["peak_bytes"] > 0
+    # both auto: the equal share of 1 GPU among 4 runs, floor((8 GiB - 256 MiB) / 4 / 8 GiB) = 0.24
+    auto = runs["debug-gpt-auto"]
+    assert auto["mem_fraction"] == 0.24 and auto["fitted"] and auto["peak_bytes"] > 0
+    plan = data["plan"]
+    assert {p["name"] for p in plan["placements"]} == set(names)
+    assert plan["reserve_bytes"] == 256 * MiB and len(plan["gpus"]) == 1
+    assert plan["gpus"][0]["capacity_bytes"] == 8 * GiB - 256 * MiB
+    _check_capacity(plan)
+    assert "GPU 0:" in proc.stdout and "capacity" in proc.stdout
+
+
+def test_two_logical_gpus_spread_the_runs(tmp_path, shared_cache, one_gpu_plan):
+    # gpt-fixed at 0.6 leaves no room next to it for gpt-auto's share (0.48: 2 runs per GPU)
+    queue = _debug_queue(tmp_path, **{"debug-gpt-fixed": {"fraction": 0.6}})
+    before = _repo_checkpoints()
+    proc = _cli("schedule", str(queue), "--dry-run", "--gpus", "2", "--device-memory", "8GiB", "--json", "two.json",
+                *FAST, cwd=tmp_path, env=shared_cache)
+    assert proc.returncode == 0, proc.stderr
+    assert _repo_checkpoints() == before
+    data = json.loads((tmp_path / "two.json").read_text())
+    plan = data["plan"]
+    assert [g["index"] for g in plan["gpus"]] == [0, 1]
+    assert all(g["runs"] for g in plan["gpus"])  # both GPUs get runs
+    assert plan["waves"] == 1
+    _check_capacity(plan)
+    runs = {run["name"]: run for run in data["runs"]}
+    assert runs["debug-gpt-auto"]["mem_fraction"] == 0.48
+    assert plan["placements"][0]["gpu"] != next(p["gpu"] for p in plan["placements"] if p["name"] == "debug-gpt-auto")
+    assert "GPU 1:" in proc.stdout
+
+
+def _small_queue(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "q.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_without_dry_run_nothing_is_built_yet(tmp_path):
+    queue = _debug_queue(tmp_path)
+    line = error_line(_cli("schedule", str(queue), cwd=tmp_path))
+    assert line == "jaxfit: error: execution is not built yet; use --dry-run to see the plan"
+
+
+def test_a_missing_queue_file_is_one_line(tmp_path):
+    line = error_line(_cli("schedule", "nope.yaml", "--dry-run", cwd=tmp_path))
+    assert "cannot read queue file 'nope.yaml'" in line
+
+
+def test_a_run_too_big_for_the_gpu_is_rejected_with_its_need(tmp_path):
+    queue = _small_queue(tmp_path, f"""
+device_memory: 8GiB
+reserve: 1GiB
+process_overhead: 0
+experiments:
+  - name: huge
+    command: [{sys.executable}, {TRAIN}, debug, --exp-name=huge]
+    batch: 16
+    fraction: 1.0
+""")
+    line = error_line(_cli("schedule", str(queue), "--dry-run", cwd=tmp_path))
+    assert "run 'huge' needs 8.00 GiB" in line and "7.00 GiB" in line
+
+
+@pytest.mark.parametrize("flags", [[], ["--gpus", "2"]])
+def test_no_gpu_and_no_size_asks_for_gpus_and_device_memory(tmp_path, flags):
+    queue = _small_queue(tmp_path, f"""
+experiments:
+  - name: a
+    command: [{sys.executable}, {TRAIN}, debug, --exp-name=a]
+    batch: 8
+    fraction: 0.5
+""")
+    line = error_line(_cli("schedule", str(queue), "--dry-run", *flags, cwd=tmp_path,
+                           env={"CUDA_VISIBLE_DEVICES": ""}))
+    assert "pass --gpus N --device-memory SIZE" in line
+
+
+def test_a_queue_of_given_settings_plans_without_probing(tmp_path):
+    queue = _small_queue(tmp_path, """
+device_memory: 8GiB
+experiments:
+  - {name: a, command: [definitely-not-run, --exp-name=a], batch: 8, fraction: 0.5}
+  - {name: b, command: [definitely-not-run, --exp-name=b], batch: 8, fraction: 0.5, global_batch: 32}
+  - {name: c, command: [definitely-not-run, --exp-name=c], batch: 8, fraction: 0.5}
+""")
+    proc = _cli("schedule", str(queue), "--dry-run", "--json", "p.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert [r["grad_accum_steps"] for r in data["runs"]] == [1, 4, 1]
+    assert data["plan"]["waves"] == 2  # two halves fit at once; the third waits
+    _check_capacity(data["plan"])
+
+
+def test_equal_share_and_gpu_selection():
+    assert equal_share(8 * GiB, 4, 256 * MiB, 0) == 0.24
+    assert equal_share(8 * GiB, 2, 256 * MiB, 0) == 0.48
+    assert equal_share(80 * GiB, 3, 0, 618 * MiB) == 0.32
+    with pytest.raises(ConfigError, match="less than 1%"):
+        equal_share(8 * GiB, 200, 0, 0)
+    queue = parse_queue({"gpus": [1], "experiments": [{"name": "a", "command": "x"}]}, "q.yaml")
+    visible = [packing.GPU(0, 80 * GiB), packing.GPU(1, 40 * GiB)]
+    assert resolve_gpus(queue, detected=visible) == [packing.GPU(1, 40 * GiB)]
+    assert resolve_gpus(queue, gpus=2, detected=visible) == visible
+    assert resolve_gpus(queue, gpus=3, device_memory_bytes=GiB, detected=[]) == [packing.GPU(i, GiB) for i in range(3)]
+    with pytest.raises(ConfigError, match="--gpus 3 asks for 3 GPUs but 2 are visible"):
+        resolve_gpus(queue, gpus=3, detected=visible)
+    with pytest.raises(ConfigError, match="pass --gpus N --device-memory SIZE"):
+        resolve_gpus(queue, detected=[])
