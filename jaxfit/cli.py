@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import tyro
 from rich.console import Console
 
 from jaxfit import budget as budget_mod
 from jaxfit.errors import JaxfitError
+
+if TYPE_CHECKING:  # the CLI imports the fit machinery only when a command runs
+    from jaxfit.fit import FitOptions
+    from jaxfit.report import ProgressPrinter
 
 app = tyro.extras.SubcommandApp()
 
@@ -43,7 +47,8 @@ class SearchArgs:
     verify: bool = True
     """On a GPU, compile every round after the first with autotuning on, as the step will run; --no-verify: all untuned (faster, approximate)."""
 
-    def options(self, start_timeout: float = 900.0) -> object:
+    def options(self, start_timeout: float = 900.0) -> FitOptions:
+        """The fit options these flags describe (validated)."""
         from jaxfit.fit import FitOptions
 
         options = FitOptions(
@@ -89,7 +94,7 @@ def _overrides(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _consoles(quiet: bool) -> tuple[Console, object]:
+def _consoles(quiet: bool) -> tuple[Console, ProgressPrinter | None]:
     from jaxfit.report import ProgressPrinter
 
     out = Console() if sys.stdout.isatty() else Console(width=160)
