@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -18,6 +16,7 @@ from typing import Any
 from jaxfit.cache import default_cache_path
 from jaxfit.command import batch_value, with_batch
 from jaxfit.compiler import PROBE_DIR
+from jaxfit.devices import visible_device_count
 from jaxfit.errors import ConfigError
 from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction, jaxfit_version
 
@@ -83,24 +82,6 @@ def run_settings(fit: FitResult | None, mem_fraction: float, batch_size: int, co
             ],
         )
     return settings
-
-
-def visible_device_count() -> int:
-    """Devices a child would see: CPU devices forced through XLA_FLAGS, GPUs through
-    CUDA_VISIBLE_DEVICES or nvidia-smi, else 1."""
-    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
-    if match and ("cpu" in os.environ.get("JAX_PLATFORMS", "").split(",") or shutil.which("nvidia-smi") is None):
-        return max(1, int(match.group(1)))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return max(1, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
-    if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
-        return 1
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 1
-    return max(1, sum(1 for line in out.splitlines() if line.startswith("GPU ")))
 
 
 def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0) -> None:

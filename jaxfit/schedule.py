@@ -39,14 +39,13 @@ import contextlib
 import dataclasses
 import math
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from jaxfit import packing
 from jaxfit.budget import format_bytes
 from jaxfit.command import with_batch
+from jaxfit.devices import detect_gpus
 from jaxfit.errors import ConfigError, JaxfitError
 from jaxfit.fit import FitOptions, Progress, fit_batch, fit_fraction
 from jaxfit.queue import Experiment, Queue
@@ -235,45 +234,6 @@ def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOp
 
 
 # -- which GPUs ---------------------------------------------------------------------------------
-
-
-def detect_gpus() -> list[packing.GPU]:
-    """The visible GPUs as ``nvidia-smi`` reports them (index: position among the visible ones).
-
-    Respects ``CUDA_VISIBLE_DEVICES`` (numeric indices or UUID prefixes; empty or ``-1``: none).
-    Without ``nvidia-smi``, or when it fails: none.
-    """
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    physical: list[tuple[str, str, int]] = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 3:
-            continue
-        try:
-            physical.append((parts[0], parts[1], int(float(parts[2])) << 20))  # MiB
-        except ValueError:
-            continue
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        chosen = physical
-    else:
-        chosen = []
-        for item in (v.strip() for v in visible.split(",")):
-            if not item or item == "-1":
-                break  # CUDA stops at the first invalid entry
-            match = [p for p in physical if p[0] == item or (item.startswith("GPU-") and p[1].startswith(item))]
-            if not match:
-                break
-            chosen.append(match[0])
-    return [packing.GPU(index=i, total_bytes=total) for i, (_, _, total) in enumerate(chosen)]
 
 
 def resolve_gpus(queue: Queue, *, gpus: int | None = None, device_memory_bytes: int | None = None,

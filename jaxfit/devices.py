@@ -1,0 +1,64 @@
+"""The GPUs a child process would see, read without initialising JAX (nvidia-smi, environment)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+from jaxfit import packing
+
+
+def detect_gpus() -> list[packing.GPU]:
+    """The visible GPUs as ``nvidia-smi`` reports them (index: position among the visible ones).
+
+    Respects ``CUDA_VISIBLE_DEVICES`` (numeric indices or UUID prefixes; empty or ``-1``: none).
+    Without ``nvidia-smi``, or when it fails: none.
+    """
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    physical: list[tuple[str, str, int]] = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3:
+            continue
+        try:
+            physical.append((parts[0], parts[1], int(float(parts[2])) << 20))  # MiB
+        except ValueError:
+            continue
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        chosen = physical
+    else:
+        chosen = []
+        for item in (v.strip() for v in visible.split(",")):
+            if not item or item == "-1":
+                break  # CUDA stops at the first invalid entry
+            match = [p for p in physical if p[0] == item or (item.startswith("GPU-") and p[1].startswith(item))]
+            if not match:
+                break
+            chosen.append(match[0])
+    return [packing.GPU(index=i, total_bytes=total) for i, (_, _, total) in enumerate(chosen)]
+
+
+def visible_device_count() -> int:
+    """Devices a child would see: CPU devices forced through XLA_FLAGS, the visible GPUs
+    (:func:`detect_gpus`; CUDA_VISIBLE_DEVICES counted as given when nvidia-smi is missing), else 1."""
+    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    has_smi = shutil.which("nvidia-smi") is not None
+    if match and ("cpu" in os.environ.get("JAX_PLATFORMS", "").split(",") or not has_smi):
+        return max(1, int(match.group(1)))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not has_smi:
+        return max(1, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+    if visible is None and "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
+        return 1
+    return max(1, len(detect_gpus()))
