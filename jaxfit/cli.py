@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import tyro
 from rich.console import Console
@@ -249,55 +249,132 @@ def examples_command() -> None:
 def schedule_command(
     queue: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="QUEUE.yaml")],
     dry_run: bool = False,
+    resume: bool = False,
+    state_dir: str | None = None,
+    backend: Literal["local", "ray"] = "local",
+    ray_address: str | None = None,
     gpus: int | None = None,
     device_memory: str | None = None,
     json: str | None = None,
+    timeline: str | None = None,
     quiet: bool = False,
     max_batch: int = 65536,
+    grace: float = 10.0,
+    monitor_interval: float = 2.0,
+    wandb_group: str | None = None,
     probe_args: Annotated[tuple[str, ...], tyro.conf.arg(name="probe-arg"), tyro.conf.UseAppendAction] = (),
 ) -> int:
-    """Plan a queue of training runs onto GPUs: fit each run's batch and fraction, then pack them (see jaxfit/schedule.py).
+    """Run a queue of training runs side by side on GPUs, each with the batch and fraction its measured need gives.
 
-    Usage: `jaxfit schedule configs/queue-debug.yaml --dry-run`. Each experiment's command is
-    probed in the current directory (its train step is compiled, never run) to fit what its queue
-    entry leaves `auto`; runs with both batch and fraction given are not probed. Runs with both
-    `auto` get an equal share of a GPU: floor_to_0.01((total - reserve - n x overhead) / n / total)
-    with n = ceil(experiments / GPUs). Only --dry-run is built: it prints the plan and starts nothing.
+    Usage: `jaxfit schedule configs/queue-debug.yaml` (add --dry-run to only print the plan). Each
+    experiment's command is probed in the current directory (its train step is compiled, never run)
+    to fit what its queue entry leaves `auto`; runs with both batch and fraction given are not
+    probed. Runs with both `auto` get an equal share of a GPU. The runs are packed onto the GPUs
+    (jaxfit/packing.py) and started as memory frees; out-of-memory runs are retried with more
+    gradient accumulation (same global batch), crashes up to their `retries`, hangs stopped at their
+    `timeout`. State, logs and a timeline PNG go to --state-dir (default jaxfit-runs/<queue name>);
+    after Ctrl-C, SIGTERM or even SIGKILL of jaxfit, `--resume` continues without re-running
+    finished runs. Exit code: 0 all done, 1 some failed, 130/143 when stopped.
 
     Args:
         queue: The queue file (YAML; see jaxfit/queue.py and configs/queue-debug.yaml).
-        dry_run: Print the plan and stop (required for now: running the queue is not built yet).
-        gpus: Plan on this many GPUs (with --device-memory: logical GPUs, none need be present).
-        device_memory: The memory of each GPU, e.g. 80GiB (overrides the queue's device_memory).
-        json: Also write {"runs": [...], "plan": {...}} to this file.
-        quiet: No fit progress.
+        dry_run: Print the plan and stop.
+        resume: Continue the schedule stored in --state-dir (the queue file is not re-read).
+        state_dir: Where the state (SQLite), logs and timeline go (default: jaxfit-runs/<queue file stem>).
+        backend: local (child processes here) or ray (one Ray task per run, num_gpus = its share of a GPU).
+        ray_address: The Ray cluster (e.g. auto); default: a local Ray started for this schedule.
+        gpus: Plan on this many GPUs (with --device-memory: logical GPUs; runs then compute on the CPU).
+        device_memory: The memory of each logical GPU, e.g. 80GiB (overrides the queue's device_memory; with GPUs visible, only for --dry-run).
+        json: Write the plan (--dry-run) or each run's outcome (name, gpu, mem_fraction, batch_size, state, attempts, started_at, ended_at...) to this file.
+        timeline: Where the timeline PNG goes (default: <state dir>/timeline.png).
+        quiet: No fit progress, no live table; only failures and the summary.
         max_batch: Largest batch size to consider when fitting a batch.
+        grace: Seconds between SIGTERM and SIGKILL when a run is stopped.
+        monitor_interval: Seconds between memory samples of the live runs (0: no monitor).
+        wandb_group: The WandB group of all runs (default: <queue name>-<start time>).
         probe_args: An argument added to every command only while probing; repeatable (e.g. --probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe).
     """
+    from pathlib import Path
+
+    from jaxfit.devices import detect_gpus
+    from jaxfit.execute import ExecuteOptions, default_state_dir
+    from jaxfit.fit import FitOptions
     from jaxfit.queue import load_queue
     from jaxfit.report import check_writable, write_json
     from jaxfit.schedule import gpu_lines, plan_queue, resolve_gpus, schedule_dict, schedule_table
 
     if _COMMAND:
         raise JaxfitError("jaxfit schedule takes no command after --; the commands are in the queue file")
-    if not dry_run:
-        raise JaxfitError("execution is not built yet; use --dry-run to see the plan")
+    if dry_run and resume:
+        raise JaxfitError("--dry-run and --resume exclude each other; --dry-run plans a new schedule")
+    for value, flag in ((grace, "--grace"), (monitor_interval, "--monitor-interval")):
+        if not value >= 0:
+            raise JaxfitError(f"{flag} {value} must be >= 0 seconds")
     if json:
         check_writable(json)
+    if timeline:
+        check_writable(timeline)
+    folder = Path(state_dir) if state_dir else default_state_dir(queue)
+    out, progress = _consoles(quiet)
+    execute_options = ExecuteOptions(grace_seconds=grace, monitor_interval=monitor_interval, wandb_group=wandb_group)
+    if resume:
+        from jaxfit.schedule_run import resume_schedule
+
+        outcome = resume_schedule(folder, console=out, execute_options=execute_options, ray_address=ray_address,
+                                  quiet=quiet, timeline_path=Path(timeline) if timeline else None)
+        return _schedule_outcome(out, outcome, json)
     parsed = load_queue(queue)
     size = budget_mod.parse_size(device_memory) if device_memory else None
-    targets = resolve_gpus(parsed, gpus=gpus, device_memory_bytes=size)
-    out, progress = _consoles(quiet)
-    from jaxfit.fit import FitOptions
+    visible = detect_gpus()
+    if visible and not dry_run and (size is not None or gpus is not None and gpus > len(visible)):
+        raise JaxfitError(
+            f"{len(visible)} GPUs are visible, so the runs go on them at their own size; --device-memory and "
+            "more --gpus than are visible only plan (add --dry-run)"
+        )
+    targets = resolve_gpus(parsed, gpus=gpus, device_memory_bytes=size, detected=visible)
+    if dry_run:
+        runs, plan = plan_queue(parsed, targets, options_base=FitOptions(max_batch=max_batch), progress=progress,
+                                probe_args=list(probe_args))
+        if json:
+            write_json(json, schedule_dict(runs, plan))
+        out.print(schedule_table(runs, plan))
+        for line in gpu_lines(plan):
+            out.print(line, highlight=False)
+        return 0
+    from jaxfit.schedule_run import start_schedule
 
-    runs, plan = plan_queue(parsed, targets, options_base=FitOptions(max_batch=max_batch), progress=progress,
-                            probe_args=list(probe_args))
-    if json:
-        write_json(json, schedule_dict(runs, plan))
-    out.print(schedule_table(runs, plan))
-    for line in gpu_lines(plan):
-        out.print(line, highlight=False)
-    return 0
+    outcome = start_schedule(
+        parsed, targets, logical=not visible, state_dir=folder, backend=backend, console=out,
+        options_base=FitOptions(max_batch=max_batch), progress=progress, probe_args=list(probe_args),
+        execute_options=execute_options, ray_address=ray_address, quiet=quiet,
+        timeline_path=Path(timeline) if timeline else None,
+    )
+    return _schedule_outcome(out, outcome, json)
+
+
+def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:
+    """Print the summary of a finished (or stopped) schedule; write its --json."""
+    from jaxfit.report import write_json
+    from jaxfit.runstate import StateStore
+    from jaxfit.schedule_run import status_table
+
+    if json_path:
+        write_json(json_path, {"state_dir": str(outcome.state_dir), "exit_code": outcome.exit_code,
+                               "experiments": outcome.rows,
+                               "timeline": str(outcome.timeline) if outcome.timeline else None})
+    store = StateStore(outcome.state_dir / "state.sqlite")
+    try:
+        out.print(status_table(store, title=f"schedule {outcome.state_dir}"))
+    finally:
+        store.close()
+    if outcome.monitor_note:
+        out.print(f"memory monitor: {outcome.monitor_note}", highlight=False)
+    if outcome.timeline:
+        out.print(f"timeline: {outcome.timeline}", highlight=False)
+    if outcome.exit_code >= 128:
+        out.print(f"stopped; continue with: jaxfit schedule <queue> --resume --state-dir {outcome.state_dir}",
+                  highlight=False)
+    return int(outcome.exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,11 @@ What each experiment gets, on a GPU of ``total`` bytes
   would all start at once, ``n`` to a GPU; runs with fixed settings take what they ask for, and
   the packer makes later runs wait where the sum does not fit.
 
-``global_batch``: when the chosen batch is smaller, ``grad_accum_steps = ceil(global_batch / batch)``
-is reported (information only: the command is not changed for it yet); otherwise 1.
+``global_batch`` (samples per optimizer step, as ``--batch-size`` of scripts/train.py, which splits
+it into ``--grad-accum-steps`` micro-batches): the run gets ``--batch-size=global_batch`` and the
+fewest accumulation steps ``a`` (dividing it) whose micro-batch is at most the given or fitted
+batch, and the accumulated step is compiled under the run's fraction to prove it fits (the
+gradient accumulator costs memory too; the next ``a`` is tried when it does not).
 
 Every fit runs the experiment's own command as a probe (:func:`jaxfit.sources.script_source`: its
 jitted ``train_step`` is intercepted and compiled, never run), in the current directory, with the
@@ -44,15 +47,17 @@ from typing import Any
 
 from jaxfit import packing
 from jaxfit.budget import format_bytes
-from jaxfit.command import with_batch
+from jaxfit.command import batch_value, with_batch
 from jaxfit.devices import detect_gpus
-from jaxfit.errors import ConfigError, JaxfitError
-from jaxfit.fit import FitOptions, Progress, fit_batch, fit_fraction
+from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
+from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction
 from jaxfit.queue import Experiment, Queue
 from jaxfit.sources import script_source
 
 BATCH_FLAG = "--batch-size"
-"""The batch flag of the queue's commands (set on every planned command)."""
+"""The batch flag of the queue's commands (set on every planned command): samples per optimizer step."""
+ACCUM_FLAG = "--grad-accum-steps"
+"""The accumulation flag: how many micro-batches one step's batch is split into (as scripts/train.py)."""
 
 NO_GPU_HINT = "pass --gpus N --device-memory SIZE to plan on N GPUs of SIZE (e.g. --gpus 1 --device-memory 80GiB)"
 
@@ -64,11 +69,12 @@ class ScheduledRun:
     Attributes:
       name: The experiment.
       command: Its command with ``--batch-size=N`` set.
-      batch_size: The batch it runs at (given, or fitted).
       mem_fraction: Its ``XLA_PYTHON_CLIENT_MEM_FRACTION`` on the GPU size it was measured on.
       peak_bytes: The compiled peak at that batch and fraction (None when nothing was fitted).
-      grad_accum_steps: ``ceil(global_batch / batch_size)`` when the queue asks for a larger
-        global batch, else 1 (information only; not applied to the command yet).
+      batch_size: The ``--batch-size`` it runs at: samples per optimizer step (the queue's
+        ``global_batch`` when given).
+      grad_accum_steps: The ``--grad-accum-steps`` that splits ``batch_size`` into micro-batches
+        (1: none); the compiled micro-batch is ``batch_size / grad_accum_steps``.
       fitted: Whether anything was fitted (False: batch and fraction both given).
       priority: The experiment's priority.
     """
@@ -134,38 +140,109 @@ def _notify(progress: Progress | None, text: str) -> None:
         progress("note", {"text": text})
 
 
-def _accum_steps(experiment: Experiment, batch: int) -> int:
-    if experiment.global_batch is not None and batch < experiment.global_batch:
-        return math.ceil(experiment.global_batch / batch)
-    return 1
+def accumulation_choices(global_batch: int, micro_limit: int) -> list[int]:
+    """Accumulation steps ``a`` that split ``global_batch`` evenly into micro-batches of at most
+    ``micro_limit`` samples, fewest steps first (empty when ``micro_limit < 1``)."""
+    if micro_limit < 1:
+        return []
+    return [a for a in range(1, global_batch + 1) if global_batch % a == 0 and global_batch // a <= micro_limit]
+
+
+def next_accumulation(global_batch: int, steps: int) -> int | None:
+    """The next larger accumulation that divides ``global_batch`` (a smaller micro-batch), or None."""
+    for a in range(steps + 1, global_batch + 1):
+        if global_batch % a == 0:
+            return a
+    return None
+
+
+def _with_steps(command: Sequence[str], batch: int, steps: int) -> tuple[str, ...]:
+    """``command`` with ``--batch-size=batch`` and, when accumulating or already set, ``--grad-accum-steps``."""
+    out = with_batch(list(command), BATCH_FLAG, batch)
+    if steps > 1 or batch_value(out, ACCUM_FLAG) is not None:
+        out = with_batch(out, ACCUM_FLAG, steps)
+    return tuple(out)
+
+
+def _fit_accumulated(experiment: Experiment, options: FitOptions, fraction: float | None, micro_limit: int,
+                     probe_args: Sequence[str], progress: Progress | None) -> tuple[int, FitResult]:
+    """Find the fewest accumulation steps under which the global batch compiles and fits.
+
+    With a ``fraction`` the step at ``--batch-size=global --grad-accum-steps=a`` is compiled under it
+    (``a`` from :func:`accumulation_choices`, fewest first, until one fits); without, the smallest
+    fraction that holds it is fitted. Accumulation adds a gradient buffer, so a micro-batch that
+    fits alone need not fit accumulated: the compiler decides, not the arithmetic.
+    """
+    assert experiment.global_batch is not None
+    global_batch = experiment.global_batch
+    last: JaxfitError | None = None
+    for steps in accumulation_choices(global_batch, micro_limit)[:4]:
+        source = script_source(list(experiment.command), batch_flag=BATCH_FLAG,
+                               probe_args=[*probe_args, f"{ACCUM_FLAG}={steps}"])
+        source["command"] = list(_with_steps(source["command"], global_batch, steps))
+        _notify(progress, f"{experiment.name}: global batch {global_batch} as {steps} x {global_batch // steps}")
+        if fraction is None:
+            return steps, fit_fraction(source, global_batch, options, progress=progress)
+        exact = dataclasses.replace(options, mem_fraction=fraction, min_batch=global_batch,
+                                    max_batch=global_batch, multiple_of=steps)
+        try:
+            return steps, fit_batch(source, exact, progress=progress)
+        except DoesNotFitError as err:
+            last = err
+    raise ConfigError(
+        f"global_batch {global_batch} does not fit under fraction {fraction:.2f} with up to "
+        f"{len(accumulation_choices(global_batch, micro_limit)[:4])} accumulation choices"
+        + (f" ({last})" if last else "") + "; raise the fraction or use fraction: auto"
+    )
 
 
 def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
                  probe_args: Sequence[str], progress: Progress | None) -> tuple[ScheduledRun, packing.Need]:
-    """Decide one experiment's batch and fraction (fitting what is ``auto``) and its packing need."""
-    name, priority, headroom = experiment.name, experiment.priority, options.headroom_bytes
+    """Decide one experiment's batch, accumulation and fraction (fitting what is ``auto``) and its need.
+
+    Without ``global_batch`` the run trains at the batch given or fitted (``micro = batch``). With
+    it, the run trains at ``--batch-size=global_batch`` split into ``--grad-accum-steps`` micro-
+    batches of at most the given or fitted batch; the accumulated step is compiled to prove it fits.
+    """
+    name, priority, headroom, global_batch = experiment.name, experiment.priority, options.headroom_bytes, \
+        experiment.global_batch
+    if global_batch is not None and experiment.batch is not None and global_batch % experiment.batch:
+        raise ConfigError(f"global_batch {global_batch} is not a multiple of batch {experiment.batch}; "
+                          "make it one so every optimizer step sees the same number of samples")
+    steps = 1
     if experiment.batch is not None and experiment.fraction is not None:
         batch, fraction, peak, fitted = experiment.batch, experiment.fraction, None, False
+        if global_batch is not None:
+            batch, steps = global_batch, global_batch // experiment.batch
         need = packing.Need(name, fraction=fraction, priority=priority)
     else:
         source = script_source(list(experiment.command), batch_flag=BATCH_FLAG, probe_args=list(probe_args))
         with _extra_environment(experiment.env):
-            if experiment.batch is not None:
+            if experiment.batch is not None and global_batch is None:
                 _notify(progress, f"{name}: the smallest fraction for batch {experiment.batch}")
                 result = fit_fraction(source, experiment.batch, options, progress=progress)
+            elif experiment.batch is not None:
+                assert global_batch is not None
+                steps, result = _fit_accumulated(experiment, options, None, experiment.batch, probe_args, progress)
             else:
                 fraction = experiment.fraction if experiment.fraction is not None else auto_share
                 how = "given" if experiment.fraction is not None else "equal share"
                 _notify(progress, f"{name}: the largest batch under fraction {fraction:.2f} ({how})")
                 result = fit_batch(source, dataclasses.replace(options, mem_fraction=fraction), progress=progress)
+                if global_batch is not None and result.batch_size < global_batch:
+                    steps, result = _fit_accumulated(experiment, options, fraction, result.batch_size, probe_args,
+                                                     progress)
+                elif global_batch is not None:
+                    # The fitted batch is larger than asked: train at the global batch (it fits a
+                    # fortiori: peaks grow with the batch) under the same fraction.
+                    result = dataclasses.replace(result, batch_size=global_batch)
         batch, fraction, peak, fitted = result.batch_size, result.mem_fraction, result.peak_bytes, True
         # The fit proved this fraction holds the peak (on a GPU the peak depends on the limit, so
         # a smaller fraction worked out from the peak alone is not proven): the run needs it.
         need = packing.Need(name, peak_bytes=peak, fraction=fraction, priority=priority, headroom_bytes=headroom)
     run = ScheduledRun(
-        name=name, command=tuple(with_batch(experiment.command, BATCH_FLAG, batch)), batch_size=batch,
-        mem_fraction=fraction, peak_bytes=peak, grad_accum_steps=_accum_steps(experiment, batch),
-        fitted=fitted, priority=priority,
+        name=name, command=_with_steps(experiment.command, batch, steps), batch_size=batch,
+        mem_fraction=fraction, peak_bytes=peak, grad_accum_steps=steps, fitted=fitted, priority=priority,
     )
     return run, need
 

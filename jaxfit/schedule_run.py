@@ -1,0 +1,202 @@
+"""``jaxfit schedule`` without ``--dry-run``: plan, store, run, monitor, report (the flow the CLI calls).
+
+- :func:`start_schedule` plans the queue (:func:`jaxfit.schedule.plan_queue`), writes the state
+  (:func:`jaxfit.execute.create_state`) and runs it;
+- :func:`resume_schedule` opens a stored schedule, adopts what still runs, and runs the rest;
+- both run the memory monitor (:mod:`jaxfit.monitor`) beside the scheduler, show a live table on a
+  terminal (event lines otherwise), and end with a summary table, ``--json`` and a timeline PNG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from jaxfit import packing
+from jaxfit.budget import format_bytes
+from jaxfit.errors import ConfigError
+from jaxfit.execute import ExecuteOptions, Scheduler, create_state, ensure_no_schedule, open_state, result_rows
+from jaxfit.fit import FitOptions, Progress
+from jaxfit.launchers import Launcher, LocalLauncher
+from jaxfit.queue import Queue
+from jaxfit.report import write_json
+from jaxfit.runstate import StateStore
+from jaxfit.schedule import plan_queue
+
+BACKENDS = ("local", "ray")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a schedule ended.
+
+    Attributes:
+      exit_code: 0 all done, 1 some failed or timed out, 128 + signal when stopped.
+      state_dir: Where its state, logs and timeline are.
+      rows: The ``--json`` entries (:func:`jaxfit.execute.result_rows`).
+      timeline: The timeline PNG, or None when it could not be drawn.
+      monitor_note: Why the GPU monitor sampled host memory or nothing, if it did.
+    """
+
+    exit_code: int
+    state_dir: Path
+    rows: list[dict[str, Any]]
+    timeline: Path | None
+    monitor_note: str | None
+
+
+def make_launcher(backend: str, ray_address: str | None = None, *, logical_gpus: int | None = None) -> Launcher:
+    """The backend by name (``local`` or ``ray``).
+
+    Raises:
+      ConfigError: an unknown backend, or ray missing.
+    """
+    if backend == "local":
+        return LocalLauncher()
+    if backend == "ray":
+        from jaxfit.ray_backend import RayLauncher
+
+        return RayLauncher(ray_address, num_gpus=logical_gpus if ray_address is None else None)
+    raise ConfigError(f"unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}")
+
+
+def status_table(store: StateStore, title: str = "") -> Table:
+    """One row per experiment: its GPU, fraction, batch, accumulation, state, attempts, time."""
+    table = Table(title=title or None, title_justify="left")
+    for column, justify in (("experiment", "left"), ("gpu", "right"), ("fraction", "right"), ("batch", "right"),
+                            ("accum", "right"), ("need", "right"), ("state", "left"), ("attempts", "right"),
+                            ("time", "right"), ("note", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    now = time.time()
+    colours = {"done": "green", "running": "cyan", "failed": "red", "timeout": "red", "interrupted": "yellow"}
+    for r in store.experiments():
+        elapsed = ""
+        if r.started_at is not None:
+            elapsed = f"{(r.ended_at or now) - r.started_at:.0f} s"
+        colour = colours.get(r.state)
+        state = f"[{colour}]{r.state}[/]" if colour else r.state
+        table.add_row(r.name, str(r.gpu), f"{r.mem_fraction:.2f}", str(r.batch_size), str(r.grad_accum_steps),
+                      format_bytes(r.need_bytes), state, str(r.attempts), elapsed, r.reason or "")
+    return table
+
+
+def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Console, *, quiet: bool,
+         monitor_interval: float, timeline_path: Path | None) -> Outcome:
+    """Run the scheduler with the monitor and the display; then draw the timeline."""
+    from jaxfit.monitor import Monitor
+
+    physical: dict[int, int | None] = {}
+    for g in store.meta("plan")["gpus"]:
+        physical[g["index"]] = None if scheduler.logical else _physical_index(g["index"])
+    monitor = Monitor(store, physical, scheduler.owners, interval=monitor_interval) if monitor_interval > 0 else None
+    if monitor is not None:
+        monitor.start()
+    live: Live | None = None
+    if console.is_terminal and not quiet:
+        live = Live(status_table(store), console=console, refresh_per_second=2, transient=False)
+
+        def tick() -> None:
+            assert live is not None
+            live.update(status_table(store))
+
+        scheduler._on_tick = tick  # noqa: SLF001 - the display is the scheduler's optional hook
+    try:
+        if live is not None:
+            with live:
+                code = scheduler.run()
+        else:
+            code = scheduler.run()
+    finally:
+        if monitor is not None:
+            monitor.stop()
+        scheduler.launcher.close()
+    note = None if monitor is None or monitor.available else monitor.reason
+    timeline = None
+    if timeline_path is not None:
+        timeline = draw(store, timeline_path, title=state_dir.name)
+    return Outcome(code, state_dir, result_rows(store), timeline, note)
+
+
+def draw(store: StateStore, path: Path, title: str = "") -> Path:
+    """Draw a stored schedule's timeline PNG (one lane per GPU: planned needs, measured memory)."""
+    from jaxfit.timeline import draw_timeline
+
+    gpus = [(g["index"], g["total_bytes"], g["capacity_bytes"]) for g in store.meta("plan")["gpus"]]
+    return draw_timeline(path, store.experiments(), store.attempts(), store.samples(), gpus, title=title)
+
+
+def _physical_index(position: int) -> int:
+    """The NVML index of the visible GPU at ``position`` (NVML ignores CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        items = [v.strip() for v in visible.split(",") if v.strip()]
+        if position < len(items) and items[position].isdigit():
+            return int(items[position])
+    return position
+
+
+def _reporter(console: Console, quiet: bool) -> Any:
+    def report(kind: str, name: str | None, text: str) -> None:
+        if quiet and kind not in ("failed", "timeout", "oom", "crashed", "finished"):
+            return
+        stamp = time.strftime("%H:%M:%S")
+        console.print(f"[dim]{stamp}[/] {kind:<11} " + (f"[bold]{name}[/]: " if name else "") + text, highlight=False,
+                      soft_wrap=True)
+
+    return report
+
+
+def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, state_dir: Path, backend: str,
+                   console: Console, options_base: FitOptions = FitOptions(), progress: Progress | None = None,
+                   probe_args: Sequence[str] = (), execute_options: ExecuteOptions = ExecuteOptions(),
+                   ray_address: str | None = None, quiet: bool = False,
+                   timeline_path: Path | None = None) -> Outcome:
+    """Plan ``queue`` onto ``gpus``, store the plan in ``state_dir``, and run it to the end.
+
+    Raises:
+      ConfigError: every planning error, an existing schedule in ``state_dir``, an unknown backend.
+    """
+    launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
+    ensure_no_schedule(state_dir)  # refuse before spending minutes on fits
+    runs, plan = plan_queue(queue, gpus, options_base=options_base, progress=progress, probe_args=probe_args)
+    group = execute_options.wandb_group or f"{Path(queue.source).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
+    options = dataclasses.replace(execute_options, wandb_group=group)
+    scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))
+    try:
+        return _run(store, scheduler, state_dir, console, quiet=quiet, monitor_interval=options.monitor_interval,
+                    timeline_path=timeline_path or state_dir / "timeline.png")
+    finally:
+        store.close()
+
+
+def resume_schedule(state_dir: Path, *, console: Console, execute_options: ExecuteOptions = ExecuteOptions(),
+                    ray_address: str | None = None, quiet: bool = False,
+                    timeline_path: Path | None = None) -> Outcome:
+    """Continue the schedule stored in ``state_dir``: adopt live attempts, never re-run finished ones.
+
+    Raises:
+      ConfigError: no schedule there, or its backend cannot be resumed.
+    """
+    store = open_state(state_dir)
+    try:
+        backend = store.meta("backend", "local")
+        logical = bool(store.meta("logical", False))
+        launcher = make_launcher(backend, ray_address,
+                                 logical_gpus=len(store.meta("plan")["gpus"]) if logical else None)
+        options = dataclasses.replace(execute_options, wandb_group=execute_options.wandb_group
+                                      or store.meta("wandb_group"))
+        scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))
+        scheduler.reattach()
+        return _run(store, scheduler, state_dir, console, quiet=quiet, monitor_interval=options.monitor_interval,
+                    timeline_path=timeline_path or state_dir / "timeline.png")
+    finally:
+        store.close()
