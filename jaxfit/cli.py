@@ -314,7 +314,7 @@ def schedule_command(
         check_writable(json)
     if timeline:
         check_writable(timeline)
-    folder = Path(state_dir) if state_dir else default_state_dir(queue)
+    folder = (Path(state_dir) if state_dir else default_state_dir(queue)).resolve()
     out, progress = _consoles(quiet)
     execute_options = ExecuteOptions(grace_seconds=grace, monitor_interval=monitor_interval, wandb_group=wandb_group)
     if resume:
@@ -332,6 +332,13 @@ def schedule_command(
             "more --gpus than are visible only plan (add --dry-run)"
         )
     targets = resolve_gpus(parsed, gpus=gpus, device_memory_bytes=size, detected=visible)
+    if visible and parsed.process_overhead_bytes is None:
+        from jaxfit.calibrate import calibrate
+
+        overhead = calibrate().process_overhead_bytes
+        out.print(f"per-process overhead outside the pool: {budget_mod.format_bytes(overhead)} (jaxfit calibrate)",
+                  highlight=False)
+        parsed = dataclasses.replace(parsed, process_overhead_bytes=overhead)
     if dry_run:
         runs, plan = plan_queue(parsed, targets, options_base=FitOptions(max_batch=max_batch), progress=progress,
                                 probe_args=list(probe_args))
@@ -350,6 +357,35 @@ def schedule_command(
         timeline_path=Path(timeline) if timeline else None,
     )
     return _schedule_outcome(out, outcome, json)
+
+
+@app.command(name="calibrate")
+def calibrate_command(json: str | None = None, no_cache: bool = False) -> int:
+    """Measure the GPU memory each JAX process holds outside its XLA pool (CUDA context, libraries).
+
+    `jaxfit schedule` adds it to every run's need when the queue does not set process_overhead
+    (FACTS.md #5: 618 MiB on an H200). Measured once per GPU model and jax version, then cached.
+
+    Args:
+        json: Also write the measurement to this file.
+        no_cache: Measure again even when a cached value exists.
+    """
+    from jaxfit.calibrate import calibrate
+    from jaxfit.report import check_writable, write_json
+
+    if _COMMAND:
+        raise JaxfitError("jaxfit calibrate takes no command after --")
+    if json:
+        check_writable(json)
+    result = calibrate(use_cache=not no_cache)
+    if json:
+        write_json(json, result.to_dict())
+    used = f", process {budget_mod.format_bytes(result.process_used_bytes)} - pool " \
+        f"{budget_mod.format_bytes(result.pool_bytes)}" if result.process_used_bytes is not None else ""
+    print(f"per-process overhead: {budget_mod.format_bytes(result.process_overhead_bytes)} "
+          f"({result.process_overhead_bytes} B{used}; {'cached' if result.cached else 'measured'}, jax "
+          f"{result.jax_version})")
+    return 0
 
 
 def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:

@@ -89,7 +89,7 @@ def test_dry_run_plans_every_experiment(one_gpu_plan):
         assert name in proc.stdout
         run = runs[name]
         assert run["batch_size"] >= 1 and 0 < run["mem_fraction"] <= 1
-        assert run["command"][-1] == f"--batch-size={run['batch_size']}"
+        assert f"--batch-size={run['batch_size']}" in run["command"]
     # fixed batch and fraction: kept as given, nothing fitted
     fixed = runs["debug-gpt-fixed"]
     assert (fixed["batch_size"], fixed["mem_fraction"], fixed["fitted"], fixed["peak_bytes"]) == (16, 0.1, False, None)
@@ -98,9 +98,11 @@ def test_dry_run_plans_every_experiment(one_gpu_plan):
     vit_batch = runs["debug-vit-batch"]
     assert vit_batch["batch_size"] == 16 and vit_batch["fitted"] and vit_batch["peak_bytes"] > 0
     assert vit_batch["peak_bytes"] <= vit_batch["mem_fraction"] * 8 * GiB
-    # fixed fraction: the largest batch (capped at 2 here), accumulating to the global batch 32
+    # fixed fraction: the largest batch (capped at 2 here) is the micro-batch; the run trains at the
+    # global batch 32 in 16 accumulation steps, and that accumulated step was compiled to prove it fits
     accum = runs["debug-vit-accum"]
-    assert (accum["mem_fraction"], accum["batch_size"], accum["grad_accum_steps"]) == (0.05, 2, 16)
+    assert (accum["mem_fraction"], accum["batch_size"], accum["grad_accum_steps"]) == (0.05, 32, 16)
+    assert accum["command"][-2:] == ["--batch-size=32", "--grad-accum-steps=16"]
     assert accum["fitted"] and accum["peak_bytes"] > 0
     # both auto: the equal share of 1 GPU among 4 runs, floor((8 GiB - 256 MiB) / 4 / 8 GiB) = 0.24
     auto = runs["debug-gpt-auto"]
@@ -139,10 +141,22 @@ def _small_queue(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_without_dry_run_nothing_is_built_yet(tmp_path):
+def test_the_debug_queue_runs_to_the_end(tmp_path, shared_cache):
+    """configs/queue-debug.yaml for real: probe, plan, run four scripts/train.py runs, all done."""
     queue = _debug_queue(tmp_path)
-    line = error_line(_cli("schedule", str(queue), cwd=tmp_path))
-    assert line == "jaxfit: error: execution is not built yet; use --dry-run to see the plan"
+    proc = _cli("schedule", str(queue), *FAST, "--json", "result.json", "--monitor-interval", "0.5",
+                f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}", cwd=tmp_path,
+                env={**shared_cache, "WANDB_MODE": "disabled"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    data = json.loads((tmp_path / "result.json").read_text())
+    rows = {row["name"]: row for row in data["experiments"]}
+    assert {name: row["state"] for name, row in rows.items()} == dict.fromkeys(
+        ["debug-gpt-auto", "debug-gpt-fixed", "debug-vit-batch", "debug-vit-accum"], "done")
+    assert rows["debug-vit-accum"]["batch_size"] == 32 and rows["debug-vit-accum"]["grad_accum_steps"] == 16
+    for row in rows.values():
+        log = Path(row["log_path"]).read_text()
+        assert f"batch {row['batch_size']}" in log or f"batch_size={row['batch_size']}" in log, log[-1500:]
+    assert Path(data["timeline"]).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_missing_queue_file_is_one_line(tmp_path):

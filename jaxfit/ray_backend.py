@@ -1,0 +1,509 @@
+"""The Ray backend of ``jaxfit schedule``: every attempt is one Ray task that asks for its share of a GPU.
+
+Design
+------
+:class:`RayLauncher` implements the :class:`jaxfit.launchers.Launcher` protocol. ``start(spec)``
+submits one Ray task declared with ``num_gpus=spec.gpu_share`` (the run's share of one GPU, so Ray's
+fractional packing follows the scheduler's plan) and ``num_cpus=0`` (:data:`TASK_NUM_CPUS`): the task
+only waits on a subprocess, and CPU slots would otherwise cap how many runs share the GPUs (a 2-core
+node would run at most two attempts whatever the plan packs). The task:
+
+1. takes the GPU Ray assigned (``ray.get_gpu_ids()``) and sets ``CUDA_VISIBLE_DEVICES`` to it,
+   overriding the plan's value in ``spec.env`` (Ray decides the placement; when Ray assigned no GPU,
+   ``spec.env``'s value stays);
+2. builds the environment: the node's environment (the Ray worker's, without the variables Ray adds
+   for its own workers: ``RAY_JOB_ID``, ``RAY_RAYLET_PID``, ``PYTHONBREAKPOINT=ray...``, and the
+   ``OMP_NUM_THREADS=1`` Ray forces on workers unless the scheduler itself has ``OMP_NUM_THREADS``),
+   then ``spec.env``, then the GPU;
+3. starts ``[python, RUNNER, status_path, "--", *command]`` exactly as
+   :class:`~jaxfit.launchers.LocalLauncher` does: stdout and stderr appended to ``spec.log_path``
+   (the log stays complete, the scheduler greps it for ``RESOURCE_EXHAUSTED``), ``cwd=spec.cwd``,
+   stdin from /dev/null, leader of a new session. The runner is started with a parent-death signal
+   (Linux ``PR_SET_PDEATHSIG``): if the Ray worker dies (force cancel, Ray's OOM killer, the driver
+   gone and the job torn down), the runner gets SIGTERM, passes it on to the command and records
+   its end, instead of living on as an orphan that holds GPU memory Ray believes free;
+4. writes ``{"pid", "host", "boot_id"}`` of the runner to ``status_path + ".pid"``, so the handle
+   learns the runner's pid (``handle.pid``, for the memory monitor and :meth:`RayHandle.kill`)
+   when the runner runs on the scheduler's own host;
+5. waits for the runner and returns the exit code, as :class:`~jaxfit.launchers.LocalHandle`
+   reports it: the status file's code (negative for a signal) or, when the runner recorded none,
+   its own return code (``-9`` when it was SIGKILLed).
+
+Cancellation: :meth:`RayHandle.terminate` calls ``ray.cancel(ref)`` (not forced). Ray interrupts the
+task's main thread as a SIGINT would; the task has its own SIGINT handler (it replaces the default
+``KeyboardInterrupt``, so nothing is raised in the middle of its bookkeeping) that asks for a
+graceful stop: SIGTERM to the runner's whole process group, :data:`GRACE_S` (10 s) for it to end,
+then SIGKILL to the group. The task then returns the exit code as usual (``-15`` for a command
+that died of the SIGTERM). :meth:`RayHandle.kill` SIGKILLs the runner's group when it runs on this
+host and force-cancels the task (``ray.cancel(ref, force=True)``, which kills the Ray worker).
+
+Exit codes :meth:`RayHandle.poll` returns: the command's (negative: killed by that signal). When
+``ray.get`` raises (the task was cancelled before it started, its worker or node died, it was
+force-cancelled), the status file decides; without one: ``-9`` after :meth:`~RayHandle.kill`,
+``-15`` after :meth:`~RayHandle.terminate` (the command never started, or its runner was killed),
+and :data:`RAY_LOST` (``-1001``) otherwise: the Ray task ended without the runner recording an exit
+code. If the runner is still alive on this host after its task failed (it is stopping after the
+worker's death), ``poll`` keeps answering ``None`` until it has ended.
+
+The task is self-contained (standard library and ``ray`` only) and pickled by value, so Ray's
+workers never import :mod:`jaxfit`: a cluster node needs Python and Ray, not jaxfit.
+
+Limits
+------
+- No ``--resume``: ``resumable`` is False and :meth:`RayLauncher.adopt` returns None (a task does
+  not outlive the driver that submitted it: when the scheduler goes, Ray tears its tasks down and
+  the parent-death signal stops the commands).
+- Cluster nodes must see the same paths as the scheduler: the runner script (else the task runs it
+  from the source shipped with the task), the command's working directory, and the folder of the
+  log and status files (a shared file system, or the same checkout at the same place, with the
+  state folder shared). ``handle.pid`` and the SIGKILL of :meth:`RayHandle.kill` only work for
+  attempts on the scheduler's host; on another node ``kill`` relies on the force cancel, whose
+  parent-death signal only SIGTERMs the runner (which passes it to the command, not to the
+  command's own children).
+- Ray places fractional GPU requests itself, first fit in submission order: it may put a run on
+  another GPU than the plan did (``CUDA_VISIBLE_DEVICES`` follows Ray, but the memory fraction in
+  ``spec.env`` was computed for the planned GPU, so GPUs should be alike), and a set of runs that
+  fits the plan may not fit Ray's placement in another order: a task then waits in Ray's queue
+  (``poll`` answers None meanwhile). Starting runs in decreasing ``gpu_share`` reproduces a
+  first-fit-decreasing plan.
+- ``gpu_share`` is rounded down to Ray's resource precision (1e-4), so shares that sum to at most
+  1 always fit one GPU in Ray too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxfit.errors import ConfigError
+from jaxfit.launchers import RUNNER, LaunchSpec, _is_runner, _signal_group, read_status
+
+GRACE_S = 10.0
+"""Seconds a terminated attempt gets between SIGTERM and SIGKILL of its process group."""
+
+TASK_NUM_CPUS = 0
+"""CPUs each attempt's task reserves: none, so only GPU shares limit how many run at once."""
+
+RAY_LOST = -1001
+"""The exit code of an attempt whose Ray task failed (worker or node died) before the runner recorded one."""
+
+_RESOURCE_SCALE = 10_000
+"""Ray counts fractional resources in steps of 1/10000."""
+
+_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+"""Ray starts its workers at nice 15, which the commands would inherit: ours run at nice 0."""
+
+_MISSING_RAY = "the ray backend needs ray: pip install 'jaxfit[ray]'"
+
+
+def _import_ray() -> Any:
+    """The ``ray`` module, imported on first use; ConfigError when it is not installed."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(_MISSING_RAY) from None
+    return ray
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _pid_path(status_path: str) -> str:
+    return status_path + ".pid"
+
+
+def ray_gpu_request(share: float) -> float:
+    """The ``num_gpus`` a Ray task asks for a run charged ``share`` of one GPU.
+
+    Rounded down to Ray's precision (1e-4, never below it for a positive share) so that shares
+    summing to at most 1 still fit one GPU; ConfigError when ``share`` is not within [0, 1].
+    """
+    if not math.isfinite(share) or share < 0 or share > 1 + 1e-9:
+        raise ConfigError(f"a run's GPU share must be between 0 and 1, got {share!r}")
+    if share == 0:
+        return 0.0
+    steps = math.floor(min(share, 1.0) * _RESOURCE_SCALE + 1e-6)
+    return max(steps, 1) / _RESOURCE_SCALE
+
+
+_GUARD = r"""
+import os, select, signal, subprocess, sys, time
+grace, status_path, argv = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
+if os.fork():
+    os._exit(0)  # the Ray task reaps this parent; the guard is then no child of the worker
+try:
+    runner = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=2, stderr=2, start_new_session=True)
+except OSError as e:
+    os.write(1, ("error cannot start the runner: %s\n" % e.strerror).encode())
+    os._exit(0)
+os.write(1, b"pid %d\n" % runner.pid)
+
+
+def group_alive():
+    runner.poll()  # reap the leader, so that a dead group counts as dead
+    try:
+        os.killpg(runner.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def signal_group(sig):
+    try:
+        os.killpg(runner.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group():
+    signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while group_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if group_alive():
+        signal_group(signal.SIGKILL)
+
+
+while runner.poll() is None:
+    if select.select([0], [], [], 0.2)[0]:
+        os.read(0, 64)  # "stop" from the task, or end of file: the task's worker is gone
+        stop_group()
+        break
+code = runner.wait()
+if not os.path.exists(status_path) and group_alive():
+    stop_group()  # the runner was killed: its command must not live on unwatched
+try:
+    os.write(1, b"exit %d\n" % code)
+except OSError:
+    pass
+"""
+"""The guard of an attempt (standard library only), run as ``python -c _GUARD GRACE STATUS RUNNER...``.
+
+It forks and its parent exits at once, so the guard is no child of the Ray worker: Ray kills a
+worker's children when the worker dies, which would leave the runner's command running unwatched.
+The guard starts the runner (its child, a new session, output to the log file that is the
+guard's stderr), reports ``pid N`` then ``exit N`` on its stdout, and watches its stdin: a line
+from the task ("stop") or end of file (the worker died) makes it SIGTERM the runner's process
+group, wait up to GRACE seconds, then SIGKILL the group. If the runner ends without recording a
+status (killed) while its group lives on, the guard stops the group the same way.
+"""
+
+
+def _make_task_function() -> Callable[..., int]:
+    """The body of an attempt's Ray task.
+
+    Defined inside this factory so that cloudpickle ships it by value: its code uses only the
+    standard library and ``ray``, so Ray's workers never import jaxfit.
+    """
+
+    def jaxfit_attempt(
+        command: Sequence[str], env: Mapping[str, str], log_path: str, status_path: str, cwd: str,
+        runner: str, runner_source: str, guard: str, grace_s: float, keep_omp: bool,
+    ) -> int:
+        """Run one attempt under the guard and the runner in a Ray worker; its exit code."""
+        import json
+        import os
+        import select
+        import signal
+        import socket
+        import subprocess
+        import sys
+        import threading
+
+        import ray
+
+        stop = {"asked": False}
+
+        def on_cancel(_signum: int, _frame: object) -> None:
+            # ray.cancel(ref) interrupts the main thread as SIGINT would: ask for a graceful stop.
+            stop["asked"] = True
+
+        def recorded_code() -> int | None:
+            try:
+                with open(status_path) as f:
+                    return int(json.load(f)["exit_code"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+
+        def write_pid_file(pid: int) -> None:
+            try:
+                with open("/proc/sys/kernel/random/boot_id") as f:
+                    boot_id: str | None = f.read().strip()
+            except OSError:
+                boot_id = None
+            tmp = status_path + ".pid.tmp"
+            try:
+                with open(tmp, "w") as f:
+                    json.dump({"pid": pid, "host": socket.gethostname(), "boot_id": boot_id}, f)
+                os.replace(tmp, status_path + ".pid")
+            except OSError:
+                pass
+
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, on_cancel) if in_main else None
+        try:
+            full_env = dict(os.environ)
+            for name in ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_LD_PRELOAD_ON_WORKERS", "SPT_NOENV",
+                         "RAY_worker_niceness"):
+                full_env.pop(name, None)
+            if full_env.get("PYTHONBREAKPOINT", "").startswith("ray."):
+                del full_env["PYTHONBREAKPOINT"]
+            if not keep_omp:
+                full_env.pop("OMP_NUM_THREADS", None)
+            full_env.update(env)
+            gpu_ids = ray.get_gpu_ids()
+            if gpu_ids:
+                full_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+
+            log_dir = os.path.dirname(log_path)
+            if log_dir:
+                os.makedirs(log_dir, exist_ok=True)
+            for stale in (status_path, status_path + ".pid"):
+                try:
+                    os.unlink(stale)
+                except FileNotFoundError:
+                    pass
+            if stop["asked"]:
+                return -int(signal.SIGTERM)
+            if os.path.isfile(runner):
+                argv = [sys.executable, runner, status_path, "--", *command]
+            else:  # this node lacks the checkout: run the runner from its shipped source
+                argv = [sys.executable, "-c", runner_source, status_path, "--", *command]
+            with open(log_path, "ab") as log:
+                try:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-I", "-S", "-c", guard, repr(float(grace_s)), status_path, *argv],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=full_env, cwd=cwd,
+                        start_new_session=True,
+                    )
+                except OSError as e:
+                    log.write(f"jaxfit: cannot start the runner on {socket.gethostname()}: {e.strerror}\n".encode())
+                    return 127
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.wait()  # the guard's parent, which exits as soon as it has forked
+            code: int | None = None
+            told = False
+            pending = b""
+            with proc.stdin, proc.stdout:
+                while True:
+                    try:
+                        if stop["asked"] and not told:
+                            told = True
+                            try:
+                                proc.stdin.write(b"stop\n")
+                                proc.stdin.flush()
+                            except OSError:
+                                pass
+                        if not select.select([proc.stdout], [], [], 0.2)[0]:
+                            continue
+                        chunk = os.read(proc.stdout.fileno(), 4096)
+                    except KeyboardInterrupt:  # only if the SIGINT handler could not be installed
+                        stop["asked"] = True
+                        continue
+                    if not chunk:
+                        break  # the guard has ended
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        word, _, rest = line.decode(errors="replace").partition(" ")
+                        if word == "pid":
+                            write_pid_file(int(rest))
+                        elif word == "exit":
+                            code = int(rest)
+                        elif word == "error":
+                            with open(log_path, "ab") as log:
+                                log.write(f"jaxfit: {rest}\n".encode())
+                            code = 127
+            recorded = recorded_code()
+            # The runner returns 128+n for a command killed by signal n; its file keeps the -n.
+            if recorded is not None:
+                return recorded
+            return code if code is not None else lost_code
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    lost_code = RAY_LOST
+    return jaxfit_attempt
+
+
+class RayHandle:
+    """An attempt running as a Ray task.
+
+    Attributes:
+      pid: The runner's pid (leader of its process group) once the task has started it on this
+        host, else None. Learnt from ``status_path + ".pid"`` by :meth:`poll`.
+      ref: The task's ObjectRef (its result is the exit code).
+      status_path: The runner's status file.
+    """
+
+    def __init__(self, ray: Any, ref: Any, status_path: str) -> None:
+        self._ray = ray
+        self.ref = ref
+        self.status_path = status_path
+        self.pid: int | None = None
+        self._stop_signal: int | None = None
+        self._code: int | None = None
+
+    def _learn_pid(self) -> None:
+        """Set :attr:`pid` from the task's pid file, when the runner runs on this host."""
+        if self.pid is not None:
+            return
+        try:
+            with open(_pid_path(self.status_path)) as f:
+                info = json.load(f)
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if info.get("host") != socket.gethostname() or info.get("boot_id") != _boot_id():
+            return  # another node: its pid means nothing here
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        """The exit code once the attempt has ended (negative: killed by that signal), else None.
+
+        See the module's docstring for the codes of a task that failed or was cancelled.
+        """
+        if self._code is not None:
+            return self._code
+        self._learn_pid()
+        ready, _ = self._ray.wait([self.ref], timeout=0)
+        if not ready:
+            return None
+        try:
+            code = int(self._ray.get(self.ref))
+        except self._ray.exceptions.RayError:
+            if read_status(self.status_path) is None and self.pid is not None and _is_runner(self.pid, self.status_path):
+                return None  # the worker died; its runner is still stopping (parent-death SIGTERM)
+            recorded = read_status(self.status_path)  # read again: it may have ended meanwhile
+            if recorded is not None:
+                code = recorded
+            elif self._stop_signal is not None:
+                code = -self._stop_signal
+            else:
+                code = RAY_LOST
+        self._code = code
+        return code
+
+    def terminate(self) -> None:
+        """Ask the attempt to stop: its task SIGTERMs the runner's group, then SIGKILLs it after the grace.
+
+        A task still waiting for its GPU share is dropped from Ray's queue.
+        """
+        if self._stop_signal is None:
+            self._stop_signal = signal.SIGTERM
+        with contextlib.suppress(self._ray.exceptions.RayError):
+            self._ray.cancel(self.ref, force=False)
+
+    def kill(self) -> None:
+        """Stop the attempt now: SIGKILL to the runner's group (when on this host) and a forced cancel."""
+        self._stop_signal = signal.SIGKILL
+        self._learn_pid()
+        if self.pid is not None and _is_runner(self.pid, self.status_path):
+            _signal_group(self.pid, signal.SIGKILL)
+        with contextlib.suppress(self._ray.exceptions.RayError, ValueError):
+            self._ray.cancel(self.ref, force=True)
+
+
+class RayLauncher:
+    """Runs attempts as Ray tasks on a local Ray or a Ray cluster (see the module's docstring).
+
+    Args:
+      address: None to start a local Ray on this machine (``num_gpus`` and ``num_cpus`` size it;
+        Ray detects the GPUs when ``num_gpus`` is None), or the address of a running cluster:
+        ``"auto"`` (the one on this machine) or ``"ray://host:10001"`` (Ray Client). When this
+        process has already initialised Ray, the launcher uses that connection and ignores these.
+      num_gpus: Logical GPUs of the local Ray (None: what Ray detects). Only without ``address``.
+      num_cpus: CPUs of the local Ray (None: what Ray detects). Only without ``address``.
+      grace_s: Seconds between the SIGTERM and the SIGKILL of a terminated attempt.
+
+    Raises:
+      ConfigError: ray is not installed, ``num_gpus``/``num_cpus`` were given with an address, or
+        Ray could not start or connect.
+    """
+
+    name = "ray"
+    resumable = False
+
+    def __init__(
+        self, address: str | None = None, *, num_gpus: float | None = None, num_cpus: int | None = None,
+        grace_s: float = GRACE_S,
+    ) -> None:
+        ray = _import_ray()
+        self._ray = ray
+        self.grace_s = grace_s
+        self._owns_ray = False
+        self._closed = False
+        if address is not None and (num_gpus is not None or num_cpus is not None):
+            raise ConfigError("num_gpus and num_cpus size a local Ray only; leave them out with a cluster address")
+        if not ray.is_initialized():
+            self._init(address, num_gpus, num_cpus)
+            self._owns_ray = True
+        self._task = ray.remote(_make_task_function())
+        try:
+            self._runner_source = Path(RUNNER).read_text()
+        except OSError:
+            self._runner_source = ""
+
+    def _init(self, address: str | None, num_gpus: float | None, num_cpus: int | None) -> None:
+        kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
+        if address is None:
+            kwargs.update(num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False)
+        else:
+            kwargs["address"] = address
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGTERM) if in_main else None
+        try:
+            self._ray.init(**kwargs)
+        except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
+            where = "start a local Ray" if address is None else f"connect to the Ray cluster at {address!r}"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"cannot {where}: {first}") from None
+        # ray.init makes SIGTERM raise SystemExit; keep a handler the caller had installed.
+        if in_main and previous not in (None, signal.SIG_DFL):
+            signal.signal(signal.SIGTERM, previous)
+
+    def start(self, spec: LaunchSpec) -> RayHandle:
+        """Submit the attempt's Ray task; it starts once Ray finds ``spec.gpu_share`` of a GPU free."""
+        if self._closed:
+            raise ConfigError("the ray launcher is closed")
+        num_gpus = ray_gpu_request(spec.gpu_share)
+        for stale in (spec.status_path, _pid_path(spec.status_path)):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
+        ref = self._task.options(
+            num_gpus=num_gpus, num_cpus=TASK_NUM_CPUS, max_retries=0, retry_exceptions=False,
+            name=f"jaxfit:{spec.name}#{spec.attempt}", runtime_env=_RUNTIME_ENV,
+        ).remote(
+            list(spec.command), dict(spec.env), spec.log_path, spec.status_path, spec.cwd, RUNNER,
+            self._runner_source, _GUARD, float(self.grace_s), "OMP_NUM_THREADS" in os.environ,
+        )
+        return RayHandle(self._ray, ref, spec.status_path)
+
+    def adopt(self, pid: int, status_path: str) -> None:
+        """Ray attempts cannot be adopted (``resumable`` is False): always None."""
+        return None
+
+    def close(self) -> None:
+        """Shut Ray down (or disconnect) if this launcher initialised it; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_ray and self._ray.is_initialized():
+            self._ray.shutdown()
