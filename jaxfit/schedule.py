@@ -176,7 +176,9 @@ def _fit_accumulated(experiment: Experiment, options: FitOptions, fraction: floa
     assert experiment.global_batch is not None
     global_batch = experiment.global_batch
     last: JaxfitError | None = None
+    tried: list[str] = []
     for steps in accumulation_choices(global_batch, micro_limit)[:4]:
+        tried.append(f"{steps} x {global_batch // steps}")
         source = script_source(list(experiment.command), batch_flag=BATCH_FLAG,
                                probe_args=[*probe_args, f"{ACCUM_FLAG}={steps}"])
         source["command"] = list(_with_steps(source["command"], global_batch, steps))
@@ -190,9 +192,9 @@ def _fit_accumulated(experiment: Experiment, options: FitOptions, fraction: floa
         except DoesNotFitError as err:
             last = err
     raise ConfigError(
-        f"global_batch {global_batch} does not fit under fraction {fraction:.2f} with up to "
-        f"{len(accumulation_choices(global_batch, micro_limit)[:4])} accumulation choices"
-        + (f" ({last})" if last else "") + "; raise the fraction or use fraction: auto"
+        f"global_batch {global_batch} does not fit under fraction {fraction:.2f} accumulated as "
+        f"{' or '.join(tried) or 'micro-batches that fit'} (steps x micro-batch)"
+        + (f": {str(last).split(';')[0]}" if last else "") + "; raise the fraction or use fraction: auto"
     )
 
 

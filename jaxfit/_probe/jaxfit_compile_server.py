@@ -35,6 +35,12 @@ REQUEST_FD_ENV = "JAXFIT_REQUEST_FD"
 CACHE_PATH_ENV = "JAXFIT_COMPILE_CACHE"
 
 
+
+TUNED_LEVEL = os.environ.get("JAXFIT_AUTOTUNE_LEVEL")
+"""Experimental: the ``xla_gpu_autotune_level`` of autotuned compiles (unset: XLA's default, 4, as
+the training run itself uses). Levels 1-3 skip buffer re-initialisation and result checking; the
+benchmark ``scripts/bench_autotune_level.py`` measures whether they change peaks or save time."""
+
 def is_out_of_memory(message: str) -> bool:
     """Whether an exception text is XLA's out-of-memory error (FACTS.md #8)."""
     return any(marker in message for marker in OOM_MARKERS)
@@ -200,6 +206,8 @@ class Server:
             options: Dict[str, Any] = {}
             if self.info["limit_sensitive"] and not autotune:
                 options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (FACTS.md #6)
+            elif self.info["limit_sensitive"] and TUNED_LEVEL:
+                options["xla_gpu_autotune_level"] = int(TUNED_LEVEL)  # an experiment; see below
             key = self._cache_key(fingerprint, options)
             hit = self.cache.get(key) if self.cache is not None else None
             if hit is not None:
