@@ -2,7 +2,8 @@
 its XLA pool (CUDA context, cuBLAS/cuDNN workspaces and code: 618 MiB on an H200, FACTS.md #5).
 
 A scheduler must add it to every co-located run's pool, or three runs at 0.33 overfill an H200.
-The measurement starts one compile child on the GPU (under a small fraction, preallocation off),
+The measurement starts one compile child on the GPU (fraction 1.0, preallocation off, so its
+allocator limit is CUDA's total, which it also records),
 runs small fp32 and bf16 matmuls so the math libraries load, and takes nvidia-smi's used memory for
 that process minus the pool's bytes. The answer is cached (the answer cache of
 :mod:`jaxfit.cache`) under the device identity and jax version, so ``jaxfit schedule`` can use it
@@ -13,16 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
+
+from jaxfit import packing
 
 from jaxfit.cache import AnswerCache, default_cache_path
 from jaxfit.compiler import CompileChild
+from jaxfit.devices import detect_gpus
 from jaxfit.errors import ConfigError
 from jaxfit.fit import _jax_version, device_identity
 from jaxfit.sources import example_source
 
-CALIBRATION_FRACTION = 0.05
-"""The fraction the measuring child starts under (its pool is subtracted, so any small one works)."""
+CALIBRATION_FRACTION = 1.0
+"""The fraction the measuring child starts under: its allocator limit is then CUDA's total (with
+preallocation off the child takes only what it uses; its pool is subtracted from its usage)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +37,9 @@ class Calibration:
 
     Attributes:
       process_overhead_bytes: nvidia-smi's used memory of the process minus its pool's bytes.
+      cuda_total_bytes: The GPU's memory as CUDA reports it (the base of every fraction: the
+        allocator limit under fraction 1.0), less than nvidia-smi's total (FACTS.md #4).
+      smi_total_bytes: nvidia-smi's total of the same GPU (None when nvidia-smi lists none).
       process_used_bytes: nvidia-smi's used memory of the measuring process.
       pool_bytes: The XLA pool's bytes in that process.
       device: The device identity (name and memory of the visible GPUs).
@@ -40,6 +49,8 @@ class Calibration:
     """
 
     process_overhead_bytes: int
+    cuda_total_bytes: int
+    smi_total_bytes: int | None
     process_used_bytes: int | None
     pool_bytes: int | None
     device: str
@@ -51,9 +62,14 @@ class Calibration:
         """JSON-ready data."""
         return dataclasses.asdict(self)
 
+    def cuda_totals(self, gpus: Sequence[packing.GPU]) -> list[packing.GPU]:
+        """``gpus`` (nvidia-smi totals) with CUDA's totals: each less nvidia-smi's excess measured here."""
+        excess = (self.smi_total_bytes - self.cuda_total_bytes) if self.smi_total_bytes else 0
+        return [packing.GPU(g.index, g.total_bytes - max(0, excess)) for g in gpus]
+
 
 def _key() -> str:
-    return f"calibrate|{device_identity()}|jax {_jax_version()}"
+    return f"calibrate-v2|{device_identity()}|jax {_jax_version()}"
 
 
 def cached_calibration(cache_path: str | None = None) -> Calibration | None:
@@ -88,8 +104,10 @@ def calibrate(*, use_cache: bool = True, cache_path: str | None = None, start_ti
         reply = child.process_overhead()
     if reply.get("bytes") is None:
         raise ConfigError(f"could not measure the per-process overhead: {reply.get('method')}")
+    smi = detect_gpus()
     result = Calibration(
-        process_overhead_bytes=int(reply["bytes"]), process_used_bytes=reply.get("process_used_bytes"),
+        process_overhead_bytes=int(reply["bytes"]), cuda_total_bytes=int(child.info.bytes_limit or 0),
+        smi_total_bytes=smi[0].total_bytes if smi else None, process_used_bytes=reply.get("process_used_bytes"),
         pool_bytes=reply.get("pool_bytes"), device=device_identity(), jax_version=_jax_version(),
         measured_at=time.time(),
     )

@@ -331,17 +331,24 @@ def schedule_command(
             f"{len(visible)} GPUs are visible, so the runs go on them at their own size; --device-memory and "
             "more --gpus than are visible only plan (add --dry-run)"
         )
-    targets = resolve_gpus(parsed, gpus=gpus, device_memory_bytes=size, detected=visible)
-    if visible and parsed.process_overhead_bytes is None:
+    on_device = bool(visible) and size is None and (gpus is None or gpus <= len(visible))
+    if on_device:
+        # Fractions are of CUDA's total, which is less than nvidia-smi's (FACTS.md #4); and each
+        # process holds memory outside its pool (FACTS.md #5): both measured once, then cached.
         from jaxfit.calibrate import calibrate
 
-        overhead = calibrate().process_overhead_bytes
-        out.print(f"per-process overhead outside the pool: {budget_mod.format_bytes(overhead)} (jaxfit calibrate)",
-                  highlight=False)
-        parsed = dataclasses.replace(parsed, process_overhead_bytes=overhead)
+        calibration = calibrate()
+        visible = calibration.cuda_totals(visible)
+        if parsed.process_overhead_bytes is None:
+            parsed = dataclasses.replace(parsed, process_overhead_bytes=calibration.process_overhead_bytes)
+        out.print(f"GPU 0: {budget_mod.format_bytes(calibration.cuda_total_bytes)} as CUDA reports it; per-process "
+                  f"overhead {budget_mod.format_bytes(parsed.process_overhead_bytes)}"
+                  + (" (jaxfit calibrate)" if parsed.process_overhead_bytes == calibration.process_overhead_bytes
+                     else " (the queue's)"), highlight=False)
+    targets = resolve_gpus(parsed, gpus=gpus, device_memory_bytes=size, detected=visible)
     if dry_run:
         runs, plan = plan_queue(parsed, targets, options_base=FitOptions(max_batch=max_batch), progress=progress,
-                                probe_args=list(probe_args))
+                                probe_args=list(probe_args), on_device=on_device)
         if json:
             write_json(json, schedule_dict(runs, plan))
         out.print(schedule_table(runs, plan))

@@ -4,70 +4,85 @@ Design
 ------
 :class:`RayLauncher` implements the :class:`jaxfit.launchers.Launcher` protocol. ``start(spec)``
 submits one Ray task declared with ``num_gpus=spec.gpu_share`` (the run's share of one GPU, so Ray's
-fractional packing follows the scheduler's plan) and ``num_cpus=0`` (:data:`TASK_NUM_CPUS`): the task
-only waits on a subprocess, and CPU slots would otherwise cap how many runs share the GPUs (a 2-core
-node would run at most two attempts whatever the plan packs). The task:
+fractional packing follows the scheduler's plan), ``num_cpus=0`` (:data:`TASK_NUM_CPUS`: the task
+only waits on a subprocess, and CPU slots would otherwise cap how many runs share the GPUs, e.g. two
+on a 2-core node whatever the plan packs) and ``max_retries=0`` (Ray must never silently start a
+training run again after a worker crash: retries are the scheduler's decision). The task:
 
 1. takes the GPU Ray assigned (``ray.get_gpu_ids()``) and sets ``CUDA_VISIBLE_DEVICES`` to it,
    overriding the plan's value in ``spec.env`` (Ray decides the placement; when Ray assigned no GPU,
    ``spec.env``'s value stays);
-2. builds the environment: the node's environment (the Ray worker's, without the variables Ray adds
-   for its own workers: ``RAY_JOB_ID``, ``RAY_RAYLET_PID``, ``PYTHONBREAKPOINT=ray...``, and the
-   ``OMP_NUM_THREADS=1`` Ray forces on workers unless the scheduler itself has ``OMP_NUM_THREADS``),
-   then ``spec.env``, then the GPU;
-3. starts ``[python, RUNNER, status_path, "--", *command]`` exactly as
+2. builds the environment: the node's (the Ray worker's, which for a local Ray is the scheduler's
+   as it was when Ray started), less what Ray adds for its own workers (``RAY_JOB_ID``,
+   ``RAY_RAYLET_PID``, ``PYTHONBREAKPOINT=ray...``, and the ``OMP_NUM_THREADS=1`` Ray forces on
+   workers unless the scheduler itself has ``OMP_NUM_THREADS``), then ``spec.env``, then the GPU.
+   Workers are asked to run at nice 0 (Ray starts them at nice 15, which the commands would
+   inherit) through a ``runtime_env`` that sets ``RAY_worker_niceness=0``;
+3. starts ``[python, RUNNER, status_path, "--", *command]`` as
    :class:`~jaxfit.launchers.LocalLauncher` does: stdout and stderr appended to ``spec.log_path``
-   (the log stays complete, the scheduler greps it for ``RESOURCE_EXHAUSTED``), ``cwd=spec.cwd``,
-   stdin from /dev/null, leader of a new session. The runner is started with a parent-death signal
-   (Linux ``PR_SET_PDEATHSIG``): if the Ray worker dies (force cancel, Ray's OOM killer, the driver
-   gone and the job torn down), the runner gets SIGTERM, passes it on to the command and records
-   its end, instead of living on as an orphan that holds GPU memory Ray believes free;
+   (the log stays complete: the scheduler greps it for ``RESOURCE_EXHAUSTED``), ``cwd=spec.cwd``,
+   stdin from /dev/null, leader of a new session; but through a small guard process
+   (:data:`_GUARD`, standard library only). The guard double-forks, so it is no child of the Ray
+   worker: when a worker dies (force cancel, Ray's OOM killer, ``ray.shutdown``, the scheduler
+   gone), Ray SIGKILLs the worker's children, which would leave the command running unwatched,
+   holding GPU memory that Ray believes free. The guard is the runner's parent instead: it
+   reports the runner's pid and exit code to the task through a pipe, and when the task asks
+   (``stop``) or its worker dies (end of file on that pipe), it SIGTERMs the runner's process
+   group, waits :data:`GRACE_S` (10 s), then SIGKILLs the group. It also undoes what a Ray worker
+   passes down to its children (a blocked SIGINT; in Ray's subreaper mode an ignored SIGCHLD,
+   which makes every ``wait`` answer 0) and gives the runner a parent-death SIGTERM in case the
+   guard itself is killed;
 4. writes ``{"pid", "host", "boot_id"}`` of the runner to ``status_path + ".pid"``, so the handle
    learns the runner's pid (``handle.pid``, for the memory monitor and :meth:`RayHandle.kill`)
    when the runner runs on the scheduler's own host;
-5. waits for the runner and returns the exit code, as :class:`~jaxfit.launchers.LocalHandle`
-   reports it: the status file's code (negative for a signal) or, when the runner recorded none,
-   its own return code (``-9`` when it was SIGKILLed).
+5. returns the exit code as :class:`~jaxfit.launchers.LocalHandle` reports it: the status file's
+   code (negative for a signal) or, when the runner recorded none, its own return code (``-9``
+   when it was SIGKILLed).
 
 Cancellation: :meth:`RayHandle.terminate` calls ``ray.cancel(ref)`` (not forced). Ray interrupts the
-task's main thread as a SIGINT would; the task has its own SIGINT handler (it replaces the default
-``KeyboardInterrupt``, so nothing is raised in the middle of its bookkeeping) that asks for a
-graceful stop: SIGTERM to the runner's whole process group, :data:`GRACE_S` (10 s) for it to end,
-then SIGKILL to the group. The task then returns the exit code as usual (``-15`` for a command
-that died of the SIGTERM). :meth:`RayHandle.kill` SIGKILLs the runner's group when it runs on this
-host and force-cancels the task (``ray.cancel(ref, force=True)``, which kills the Ray worker).
+task's main thread as a SIGINT would; the task has its own SIGINT handler (so no
+``KeyboardInterrupt`` lands in the middle of its bookkeeping) that tells the guard to stop:
+SIGTERM to the runner's group, up to :data:`GRACE_S` for it to end, then SIGKILL. The task then
+returns the exit code as usual (``-15`` for a command that died of the SIGTERM, ``-9`` when the
+group had to be SIGKILLed). A task still waiting for its GPU share is simply dropped from Ray's
+queue. :meth:`RayHandle.kill` SIGKILLs the runner's group when it runs on this host and
+force-cancels the task (``ray.cancel(ref, force=True)``, which kills the Ray worker).
 
 Exit codes :meth:`RayHandle.poll` returns: the command's (negative: killed by that signal). When
-``ray.get`` raises (the task was cancelled before it started, its worker or node died, it was
-force-cancelled), the status file decides; without one: ``-9`` after :meth:`~RayHandle.kill`,
-``-15`` after :meth:`~RayHandle.terminate` (the command never started, or its runner was killed),
-and :data:`RAY_LOST` (``-1001``) otherwise: the Ray task ended without the runner recording an exit
-code. If the runner is still alive on this host after its task failed (it is stopping after the
-worker's death), ``poll`` keeps answering ``None`` until it has ended.
+the task failed (``ray.get`` raised: cancelled before it started, worker or node died,
+force-cancelled; or the guard vanished), the status file decides; without one: ``-9`` after
+:meth:`~RayHandle.kill`, ``-15`` after :meth:`~RayHandle.terminate` (the command never started or
+its runner was killed), and :data:`RAY_LOST` (``-1001``) otherwise: the Ray task ended without the
+runner recording an exit code. While the runner of a failed task is still alive on this host (it
+is being stopped), ``poll`` answers ``None``.
 
-The task is self-contained (standard library and ``ray`` only) and pickled by value, so Ray's
-workers never import :mod:`jaxfit`: a cluster node needs Python and Ray, not jaxfit.
+The task is self-contained (standard library and ``ray``) and pickled by value, so Ray's workers
+never import :mod:`jaxfit`: a cluster node needs Python and Ray, not jaxfit.
 
 Limits
 ------
-- No ``--resume``: ``resumable`` is False and :meth:`RayLauncher.adopt` returns None (a task does
-  not outlive the driver that submitted it: when the scheduler goes, Ray tears its tasks down and
-  the parent-death signal stops the commands).
-- Cluster nodes must see the same paths as the scheduler: the runner script (else the task runs it
-  from the source shipped with the task), the command's working directory, and the folder of the
-  log and status files (a shared file system, or the same checkout at the same place, with the
-  state folder shared). ``handle.pid`` and the SIGKILL of :meth:`RayHandle.kill` only work for
-  attempts on the scheduler's host; on another node ``kill`` relies on the force cancel, whose
-  parent-death signal only SIGTERMs the runner (which passes it to the command, not to the
-  command's own children).
+- No ``--resume``: ``resumable`` is False and :meth:`RayLauncher.adopt` returns None. An attempt
+  does not outlive the scheduler: when the driver goes, Ray ends its tasks and the guards stop the
+  commands.
+- Cluster nodes must see the same paths as the scheduler: the command's working directory and
+  files, and the folder of the log and status files (a shared file system, or the same checkout
+  at the same place with the state folder shared). The runner script is the one exception: a node
+  without it runs the source shipped with the task. ``handle.pid`` and the SIGKILL of
+  :meth:`RayHandle.kill` work only for attempts on the scheduler's host; on another node ``kill``
+  is the force cancel, after which the guard stops the command with SIGTERM first (up to the
+  grace), and ``poll`` may answer before that command has ended.
 - Ray places fractional GPU requests itself, first fit in submission order: it may put a run on
   another GPU than the plan did (``CUDA_VISIBLE_DEVICES`` follows Ray, but the memory fraction in
-  ``spec.env`` was computed for the planned GPU, so GPUs should be alike), and a set of runs that
-  fits the plan may not fit Ray's placement in another order: a task then waits in Ray's queue
-  (``poll`` answers None meanwhile). Starting runs in decreasing ``gpu_share`` reproduces a
-  first-fit-decreasing plan.
+  ``spec.env`` was computed for the planned GPU, so the GPUs should be alike), and runs that fit
+  the plan together may not fit Ray's placement in another order: a task then waits in Ray's
+  queue (``poll`` answers None meanwhile, which counts against a run's timeout). Starting runs in
+  decreasing ``gpu_share`` reproduces a first-fit-decreasing plan.
 - ``gpu_share`` is rounded down to Ray's resource precision (1e-4), so shares that sum to at most
-  1 always fit one GPU in Ray too.
+  1 still fit one GPU in Ray.
+- With Ray's deprecated subreaper mode (``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper``)
+  the worker adopts the guard and kills it with itself; the runner then gets only its parent-death
+  SIGTERM (no SIGKILL after the grace).
+- Linux: the pid file's host check, the parent-death signal and the guard's signal resets assume it.
 """
 
 from __future__ import annotations
@@ -145,8 +160,33 @@ import os, select, signal, subprocess, sys, time
 grace, status_path, argv = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
 if os.fork():
     os._exit(0)  # the Ray task reaps this parent; the guard is then no child of the worker
+# Undo what the Ray worker passes down: blocked SIGINT, ignored SIGCHLD (which zeroes exit codes).
+signal.pthread_sigmask(signal.SIG_SETMASK, [])
+for sig in signal.valid_signals():
+    if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, signal.SIGXFSZ):
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+
+
 try:
-    runner = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=2, stderr=2, start_new_session=True)
+    import ctypes
+    prctl = ctypes.CDLL(None).prctl
+except Exception:  # not Linux, or no ctypes
+    prctl = None
+
+
+def death_signal():
+    # If the guard itself is killed (Ray's subreaper mode adopts and kills it), the runner gets SIGTERM.
+    if prctl is not None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+try:
+    runner = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=2, stderr=2, start_new_session=True,
+                              preexec_fn=death_signal)
 except OSError as e:
     os.write(1, ("error cannot start the runner: %s\n" % e.strerror).encode())
     os._exit(0)
@@ -201,7 +241,9 @@ The guard starts the runner (its child, a new session, output to the log file th
 guard's stderr), reports ``pid N`` then ``exit N`` on its stdout, and watches its stdin: a line
 from the task ("stop") or end of file (the worker died) makes it SIGTERM the runner's process
 group, wait up to GRACE seconds, then SIGKILL the group. If the runner ends without recording a
-status (killed) while its group lives on, the guard stops the group the same way.
+status (killed) while its group lives on, the guard stops the group the same way. Before starting
+the runner it unblocks every signal and restores ignored ones (but SIGPIPE and SIGXFSZ, which
+``subprocess`` restores) to their default, and it gives the runner a parent-death SIGTERM.
 """
 
 
@@ -389,20 +431,20 @@ class RayHandle:
         try:
             code = int(self._ray.get(self.ref))
         except self._ray.exceptions.RayError:
+            code = RAY_LOST  # the task failed: cancelled, or its worker or node died
+        if code == RAY_LOST:
             if read_status(self.status_path) is None and self.pid is not None and _is_runner(self.pid, self.status_path):
-                return None  # the worker died; its runner is still stopping (parent-death SIGTERM)
+                return None  # its runner is still being stopped
             recorded = read_status(self.status_path)  # read again: it may have ended meanwhile
             if recorded is not None:
                 code = recorded
             elif self._stop_signal is not None:
                 code = -self._stop_signal
-            else:
-                code = RAY_LOST
         self._code = code
         return code
 
     def terminate(self) -> None:
-        """Ask the attempt to stop: its task SIGTERMs the runner's group, then SIGKILLs it after the grace.
+        """Ask the attempt to stop: its guard SIGTERMs the runner's group, then SIGKILLs it after the grace.
 
         A task still waiting for its GPU share is dropped from Ray's queue.
         """
@@ -425,10 +467,12 @@ class RayLauncher:
     """Runs attempts as Ray tasks on a local Ray or a Ray cluster (see the module's docstring).
 
     Args:
-      address: None to start a local Ray on this machine (``num_gpus`` and ``num_cpus`` size it;
-        Ray detects the GPUs when ``num_gpus`` is None), or the address of a running cluster:
-        ``"auto"`` (the one on this machine) or ``"ray://host:10001"`` (Ray Client). When this
-        process has already initialised Ray, the launcher uses that connection and ignores these.
+      address: None to start a new local Ray on this machine (``num_gpus`` and ``num_cpus`` size
+        it; Ray detects the GPUs when ``num_gpus`` is None; ``RAY_ADDRESS`` and clusters started
+        with ``ray start`` are ignored), or the address of a running cluster to connect to:
+        ``"auto"`` (``RAY_ADDRESS``, else the one started on this machine), ``"host:6379"``, or
+        ``"ray://host:10001"`` (Ray Client). When this process has already initialised Ray, the
+        launcher uses that connection and ignores these arguments.
       num_gpus: Logical GPUs of the local Ray (None: what Ray detects). Only without ``address``.
       num_cpus: CPUs of the local Ray (None: what Ray detects). Only without ``address``.
       grace_s: Seconds between the SIGTERM and the SIGKILL of a terminated attempt.
@@ -452,9 +496,12 @@ class RayLauncher:
         self._closed = False
         if address is not None and (num_gpus is not None or num_cpus is not None):
             raise ConfigError("num_gpus and num_cpus size a local Ray only; leave them out with a cluster address")
+        self._local_gpus: float | None = None
         if not ray.is_initialized():
             self._init(address, num_gpus, num_cpus)
             self._owns_ray = True
+            if address is None:  # a local Ray never grows: a GPU request it cannot meet would wait forever
+                self._local_gpus = float(ray.cluster_resources().get("GPU", 0))
         self._task = ray.remote(_make_task_function())
         try:
             self._runner_source = Path(RUNNER).read_text()
@@ -463,8 +510,8 @@ class RayLauncher:
 
     def _init(self, address: str | None, num_gpus: float | None, num_cpus: int | None) -> None:
         kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
-        if address is None:
-            kwargs.update(num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False)
+        if address is None:  # "local": a new Ray, whatever RAY_ADDRESS or a `ray start` left behind says
+            kwargs.update(address="local", num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False)
         else:
             kwargs["address"] = address
         in_main = threading.current_thread() is threading.main_thread()
@@ -484,6 +531,8 @@ class RayLauncher:
         if self._closed:
             raise ConfigError("the ray launcher is closed")
         num_gpus = ray_gpu_request(spec.gpu_share)
+        if num_gpus > 0 and self._local_gpus == 0:
+            raise ConfigError("the local Ray found no GPU: give it logical GPUs (num_gpus) or use a cluster with GPUs")
         for stale in (spec.status_path, _pid_path(spec.status_path)):
             with contextlib.suppress(OSError):
                 os.unlink(stale)

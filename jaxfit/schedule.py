@@ -250,13 +250,15 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
 
 
 def _measure(queue: Queue, gpu_total_bytes: int, gpu_count: int, options_base: FitOptions,
-             progress: Progress | None, probe_args: Sequence[str]) -> list[tuple[ScheduledRun, packing.Need]]:
+             progress: Progress | None, probe_args: Sequence[str],
+             on_device: bool = False) -> list[tuple[ScheduledRun, packing.Need]]:
     if gpu_total_bytes <= 0:
         raise ConfigError(f"GPU memory {gpu_total_bytes} must be positive")
     if gpu_count < 1:
         raise ConfigError(f"--gpus {gpu_count} must be at least 1")
     overhead = queue.process_overhead_bytes or 0
-    options = dataclasses.replace(options_base, device_memory_bytes=gpu_total_bytes)
+    # On the GPUs themselves the fits compile under the real limits; otherwise plan for GPUs of the size.
+    options = options_base if on_device else dataclasses.replace(options_base, device_memory_bytes=gpu_total_bytes)
     share: float | None = None
     if any(e.auto_batch and e.auto_fraction for e in queue.experiments):
         runs_per_gpu = math.ceil(len(queue.experiments) / gpu_count)
@@ -295,9 +297,13 @@ def measure_needs(queue: Queue, gpu_total_bytes: int, *, options_base: FitOption
 
 
 def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOptions = FitOptions(),
-               progress: Progress | None = None,
-               probe_args: Sequence[str] = ()) -> tuple[list[ScheduledRun], packing.Plan]:
+               progress: Progress | None = None, probe_args: Sequence[str] = (),
+               on_device: bool = False) -> tuple[list[ScheduledRun], packing.Plan]:
     """Measure every experiment (on the smallest of ``gpus``), then pack them onto ``gpus``.
+
+    ``on_device``: ``gpus`` are the visible GPUs (with CUDA's totals,
+    :meth:`jaxfit.calibrate.Calibration.cuda_totals`), so fits compile under the device's own
+    limits; otherwise they plan for GPUs of the smallest size given.
 
     Raises:
       ConfigError: no GPU, a run that fits no GPU even alone (one line with its need), and every
@@ -306,7 +312,7 @@ def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOp
     if not gpus:
         raise ConfigError(f"no GPU to plan on; {NO_GPU_HINT}")
     smallest = min(g.total_bytes for g in gpus)
-    measured = _measure(queue, smallest, len(gpus), options_base, progress, probe_args)
+    measured = _measure(queue, smallest, len(gpus), options_base, progress, probe_args, on_device)
     plan = packing.plan([need for _, need in measured], gpus, reserve_bytes=queue.reserve_bytes,
                         overhead_bytes=queue.process_overhead_bytes or 0)
     return [run for run, _ in measured], plan

@@ -166,7 +166,8 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
     """
     launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
     ensure_no_schedule(state_dir)  # refuse before spending minutes on fits
-    runs, plan = plan_queue(queue, gpus, options_base=options_base, progress=progress, probe_args=probe_args)
+    runs, plan = plan_queue(queue, gpus, options_base=options_base, progress=progress, probe_args=probe_args,
+                            on_device=not logical)
     group = execute_options.wandb_group or f"{Path(queue.source).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
     options = dataclasses.replace(execute_options, wandb_group=group)

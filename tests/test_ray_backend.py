@@ -23,16 +23,42 @@ from jaxfit.ray_backend import RayHandle, RayLauncher, _make_task_function, ray_
 ray = pytest.importorskip("ray")
 
 UP = "import time; print('up', flush=True); time.sleep(60)"
-"""A command that says it runs, then sleeps a minute (unless stopped)."""
+"""A script that says it runs, then sleeps a minute (unless stopped)."""
+
+
+def _up(folder: Path, script: str = UP) -> list[str]:
+    """The command running ``script``; the folder argument marks its processes as this test's."""
+    return [sys.executable, "-c", script, str(folder)]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes (not zombies) that contain ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(f"{entry.name}: {cmdline}")
+    return found
 
 
 @pytest.fixture(scope="module")
-def launcher():
-    """One local Ray with 2 logical GPUs and 2 CPUs for the whole module."""
+def launcher(tmp_path_factory):
+    """One local Ray with 2 logical GPUs and 2 CPUs for the whole module; no process outlives it."""
     launcher = RayLauncher(num_gpus=2, num_cpus=2)
     yield launcher
     launcher.close()
     assert not ray.is_initialized()
+    base = str(tmp_path_factory.getbasetemp())  # every runner, guard and command names a path in it
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(base) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_mentioning(base)
 
 
 def _spec(folder: Path, name: str, command: list[str], *, share: float = 0.5,
@@ -121,9 +147,9 @@ def test_ray_packs_runs_by_gpu_share(launcher, tmp_path):
 
 def test_terminate_kill_and_cancel_before_start(launcher, tmp_path):
     # Two whole-GPU runs fill both GPUs; a third (half a GPU) waits in Ray's queue.
-    a = _spec(tmp_path, "a", [sys.executable, "-c", UP], share=1.0)
-    b = _spec(tmp_path, "b", [sys.executable, "-c", UP], share=1.0)
-    c = _spec(tmp_path, "c", [sys.executable, "-c", UP], share=0.5)
+    a = _spec(tmp_path, "a", _up(tmp_path), share=1.0)
+    b = _spec(tmp_path, "b", _up(tmp_path), share=1.0)
+    c = _spec(tmp_path, "c", _up(tmp_path), share=0.5)
     ha, hb, hc = (launcher.start(s) for s in (a, b, c))
     _wait_for_line(a.log_path, "up")
     _wait_for_line(b.log_path, "up")
@@ -131,10 +157,12 @@ def test_terminate_kill_and_cancel_before_start(launcher, tmp_path):
     assert isinstance(ha.pid, int) and isinstance(hb.pid, int)
 
     hc.terminate()  # never started: dropped from Ray's queue
+    hc.terminate()  # asking twice is harmless
     assert _wait(hc, 10) == -signal.SIGTERM
     assert not os.path.exists(c.log_path) and read_status(c.status_path) is None
 
     t0 = time.monotonic()
+    ha.terminate()
     ha.terminate()
     assert _wait(ha, 15) == -signal.SIGTERM  # the command died of the SIGTERM
     assert time.monotonic() - t0 < 8
@@ -148,11 +176,30 @@ def test_terminate_kill_and_cancel_before_start(launcher, tmp_path):
     assert not _is_runner(hb.pid, b.status_path)
 
 
+def test_worker_death_stops_the_command(launcher, tmp_path):
+    """A Ray worker killed under its task (as a force cancel on another node does) leaves no orphan:
+    the guard sees it go and stops the command, which records its end."""
+    spec = _spec(tmp_path, "orphan", _up(tmp_path))
+    handle = launcher.start(spec)
+    _wait_for_line(spec.log_path, "up")
+    handle.poll()
+    runner = handle.pid
+    assert isinstance(runner, int)
+    ray.cancel(handle.ref, force=True)  # kills the worker only, not the runner's group
+    assert _wait(handle, 20) == -signal.SIGTERM  # recorded by the runner: the guard SIGTERMed it
+    assert read_status(spec.status_path) == -signal.SIGTERM
+    deadline = time.monotonic() + 10  # the guard, runner and command are gone (or about to be)
+    while _processes_mentioning(spec.status_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _processes_mentioning(spec.status_path)
+    assert not _is_runner(runner, spec.status_path)
+
+
 def test_terminate_escalates_to_sigkill_after_grace(launcher, tmp_path):
     """A command that ignores SIGTERM is SIGKILLed after the grace (1 s on a second launcher)."""
     quick = RayLauncher(grace_s=1.0)  # joins the module's Ray
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
-    spec = _spec(tmp_path, "stubborn", [sys.executable, "-c", stubborn])
+    spec = _spec(tmp_path, "stubborn", _up(tmp_path, stubborn))
     handle = quick.start(spec)
     _wait_for_line(spec.log_path, "up")
     t0 = time.monotonic()
