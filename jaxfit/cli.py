@@ -262,6 +262,7 @@ def schedule_command(
     grace: float = 10.0,
     monitor_interval: float = 2.0,
     wandb_group: str | None = None,
+    plan: str | None = None,
     probe_args: Annotated[tuple[str, ...], tyro.conf.arg(name="probe-arg"), tyro.conf.UseAppendAction] = (),
 ) -> int:
     """Run a queue of training runs side by side on GPUs, each with the batch and fraction its measured need gives.
@@ -292,6 +293,7 @@ def schedule_command(
         grace: Seconds between SIGTERM and SIGKILL when a run is stopped.
         monitor_interval: Seconds between memory samples of the live runs (0: no monitor).
         wandb_group: The WandB group of all runs (default: <queue name>-<start time>).
+        plan: Run the plan that `--dry-run --json PATH` wrote for this queue and these GPUs, without fitting again.
         probe_args: An argument added to every command only while probing; repeatable (e.g. --probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe).
     """
     from pathlib import Path
@@ -307,6 +309,8 @@ def schedule_command(
         raise JaxfitError("jaxfit schedule takes no command after --; the commands are in the queue file")
     if dry_run and resume:
         raise JaxfitError("--dry-run and --resume exclude each other; --dry-run plans a new schedule")
+    if plan and (dry_run or resume):
+        raise JaxfitError("--plan runs a stored plan; it goes with neither --dry-run nor --resume")
     for value, flag in ((grace, "--grace"), (monitor_interval, "--monitor-interval")):
         if not value >= 0:
             raise JaxfitError(f"{flag} {value} must be >= 0 seconds")
@@ -361,7 +365,7 @@ def schedule_command(
         parsed, targets, logical=not visible, state_dir=folder, backend=backend, console=out,
         options_base=FitOptions(max_batch=max_batch), progress=progress, probe_args=list(probe_args),
         execute_options=execute_options, ray_address=ray_address, quiet=quiet,
-        timeline_path=Path(timeline) if timeline else None,
+        timeline_path=Path(timeline) if timeline else None, plan_path=plan,
     )
     return _schedule_outcome(out, outcome, json)
 

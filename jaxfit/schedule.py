@@ -369,6 +369,34 @@ def schedule_dict(runs: Sequence[ScheduledRun], plan: packing.Plan) -> dict[str,
     return {"runs": [run.to_dict() for run in runs], "plan": plan.to_dict()}
 
 
+def load_plan(path: str, queue: Queue) -> tuple[list[ScheduledRun], packing.Plan]:
+    """Read a plan that ``--dry-run --json PATH`` wrote, to run it without fitting again.
+
+    Raises:
+      ConfigError: the file is not such a plan, or it does not hold the queue's experiments.
+    """
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        runs = [ScheduledRun(**{**r, "command": tuple(r["command"])}) for r in data["runs"]]
+        raw = data["plan"]
+        placements = tuple(packing.Placement(**{**p, "after": tuple(p["after"])}) for p in raw["placements"])
+        gpus = tuple(packing.GpuPlan(**{k: v for k, v in g.items() if k != "free_bytes"} | {"runs": tuple(g["runs"])})
+                     for g in raw["gpus"])
+        plan = packing.Plan(placements, gpus, int(raw["reserve_bytes"]), int(raw["overhead_bytes"]))
+    except OSError as e:
+        raise ConfigError(f"cannot read plan file {path!r}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path} is not a plan written by `jaxfit schedule --dry-run --json` ({e})") from None
+    planned, queued = sorted(r.name for r in runs), sorted(e.name for e in queue.experiments)
+    if planned != queued or sorted(p.name for p in placements) != queued:
+        raise ConfigError(f"{path} plans {', '.join(planned)} but {queue.source} has {', '.join(queued)}; "
+                          "plan this queue again with --dry-run --json")
+    return runs, plan
+
+
 def schedule_table(runs: Sequence[ScheduledRun], plan: packing.Plan) -> Any:
     """The plan as a rich table, one row per run in start order."""
     from rich.table import Table

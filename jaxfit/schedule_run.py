@@ -29,7 +29,7 @@ from jaxfit.launchers import Launcher, LocalLauncher
 from jaxfit.queue import Queue
 from jaxfit.report import write_json
 from jaxfit.runstate import StateStore
-from jaxfit.schedule import plan_queue
+from jaxfit.schedule import load_plan, plan_queue
 
 BACKENDS = ("local", "ray")
 
@@ -158,16 +158,21 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
                    console: Console, options_base: FitOptions = FitOptions(), progress: Progress | None = None,
                    probe_args: Sequence[str] = (), execute_options: ExecuteOptions = ExecuteOptions(),
                    ray_address: str | None = None, quiet: bool = False,
-                   timeline_path: Path | None = None) -> Outcome:
-    """Plan ``queue`` onto ``gpus``, store the plan in ``state_dir``, and run it to the end.
+                   timeline_path: Path | None = None, plan_path: str | None = None) -> Outcome:
+    """Plan ``queue`` onto ``gpus`` (or take the plan in ``plan_path``), store it in ``state_dir``, run it.
 
     Raises:
       ConfigError: every planning error, an existing schedule in ``state_dir``, an unknown backend.
     """
     launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
     ensure_no_schedule(state_dir)  # refuse before spending minutes on fits
-    runs, plan = plan_queue(queue, gpus, options_base=options_base, progress=progress, probe_args=probe_args,
-                            on_device=not logical)
+    if plan_path is not None:
+        runs, plan = load_plan(plan_path, queue)
+        if sorted((g.index, g.total_bytes) for g in plan.gpus) != sorted((g.index, g.total_bytes) for g in gpus):
+            raise ConfigError(f"{plan_path} was planned for other GPUs than these; plan again with --dry-run --json")
+    else:
+        runs, plan = plan_queue(queue, gpus, options_base=options_base, progress=progress, probe_args=probe_args,
+                                on_device=not logical)
     group = execute_options.wandb_group or f"{Path(queue.source).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
     options = dataclasses.replace(execute_options, wandb_group=group)

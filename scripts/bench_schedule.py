@@ -12,8 +12,8 @@ Steps (on the GPU machine, from the repo root)::
     python scripts/bench_schedule.py sequential --out DIR  # the same commands, fractions, batches, one at a time
     python scripts/bench_schedule.py table DIR             # the results table (markdown)
 
-``plan`` and ``packed`` share ``DIR/cache`` (``JAXFIT_CACHE_DIR``), so ``packed`` answers its fits
-from the answer cache when run on the same GPU model. Makespan is first start to last end of the
+``packed`` runs the plan that ``plan`` wrote (``jaxfit schedule --plan DIR/plan.json``), so the
+fits (minutes: each probes ``scripts/train.py``) are not repeated; without one it plans itself. Makespan is first start to last end of the
 runs (planning excluded and reported on its own); the sequential time is the sum of each run's
 wall time alone. Peaks: each run prints ``peak_bytes_in_use`` (JAX's allocator) at its end, and the
 scheduler's monitor samples NVML every second (per GPU and per process).
@@ -99,7 +99,8 @@ def plan_main(out: Path) -> int:
 
 def packed_main(out: Path) -> int:
     queue = write_queue(out)
-    code, wall = _jaxfit(out, "schedule", str(queue), *_logical(), "--json", str(out / "packed.json"), "--state-dir",
+    plan = ["--plan", str(out / "plan.json")] if (out / "plan.json").exists() else []
+    code, wall = _jaxfit(out, "schedule", str(queue), *_logical(), *plan, "--json", str(out / "packed.json"), "--state-dir",
                          str(out / "state"), f"--max-batch={MAX_BATCH}", "--monitor-interval=1", "--quiet",
                          "--probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe", log="packed.log")
     (out / "packed_meta.json").write_text(json.dumps({"exit_code": code, "wall_seconds": wall}))
