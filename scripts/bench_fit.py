@@ -148,6 +148,7 @@ def run_main(args: argparse.Namespace) -> int:
 
     for name in names:
         example, overrides, fraction = WORKLOADS[name]
+        fraction = args.fraction or fraction
         log(f"== {name}: {example} {overrides} at fraction {fraction}")
         with tempfile.TemporaryDirectory() as cache_dir:
             cold = jaxfit_fit(example, overrides, fraction, cache_dir, out_dir / f"{name}.fit.json")
@@ -212,6 +213,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--only", nargs="*", choices=list(WORKLOADS))
     p.add_argument("--skip-trials", action="store_true", help="time jaxfit only (no ground truth)")
+    p.add_argument("--fraction", type=float, help="override the workloads' fractions (e.g. for a smaller GPU)")
     p = sub.add_parser("table", help="render raw.jsonl files as a markdown table (later records win)")
     p.add_argument("raw", nargs="+")
     p = sub.add_parser("trial", help="internal: one trial in this process")
