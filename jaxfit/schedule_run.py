@@ -121,7 +121,7 @@ def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Cons
     note = None if monitor is None or monitor.available else monitor.reason
     timeline = None
     if timeline_path is not None:
-        timeline = draw(store, timeline_path, title=state_dir.name)
+        timeline = draw(store, timeline_path)
     return Outcome(code, state_dir, result_rows(store), timeline, note)
 
 
@@ -130,7 +130,8 @@ def draw(store: StateStore, path: Path, title: str = "") -> Path:
     from jaxfit.timeline import draw_timeline
 
     gpus = [(g["index"], g["total_bytes"], g["capacity_bytes"]) for g in store.meta("plan")["gpus"]]
-    return draw_timeline(path, store.experiments(), store.attempts(), store.samples(), gpus, title=title)
+    return draw_timeline(path, store.experiments(), store.attempts(), store.samples(), gpus,
+                         title=title or f"jaxfit schedule {Path(store.meta('queue')['source']).stem}")
 
 
 def _physical_index(position: int) -> int:
