@@ -75,12 +75,15 @@ class Experiment:
     Attributes:
       name: Unique name of the run (letters, digits, ``_``, ``.``, ``-``).
       command: The command line, as separate arguments (a string in the file is split with shlex).
-      batch: The batch size to run at, or None for ``auto`` (the scheduler fits it).
+      batch: The batch size to run at (with ``global_batch``: the micro-batch of one accumulation
+        step), or None for ``auto`` (the scheduler fits it).
       fraction: The ``XLA_PYTHON_CLIENT_MEM_FRACTION`` to run under, or None for ``auto`` (the
         scheduler picks it from the run's measured need).
-      global_batch: A global batch to keep with gradient accumulation when the batch that fits
-        is smaller, or None to train at whatever batch runs.
-      retries: How many times a failed run is started again (0: never).
+      global_batch: Samples per optimizer step: the run gets ``--batch-size=global_batch`` and
+        ``--grad-accum-steps`` to split it into micro-batches of at most ``batch`` (as
+        scripts/train.py does), or None to train at ``batch`` itself.
+      retries: How many times a crashed run is started again (0: never; out-of-memory restarts
+        with more accumulation do not count).
       priority: Higher starts first; equal priorities keep no particular order.
       timeout: Seconds after which the run is stopped, or None for no limit.
       env: Extra environment variables for the run (read-only mapping of strings).

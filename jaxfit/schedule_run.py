@@ -118,7 +118,9 @@ def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Cons
         if monitor is not None:
             monitor.stop()
         scheduler.launcher.close()
-    note = None if monitor is None or monitor.available else monitor.reason
+    note = None
+    if monitor is not None and not monitor.available:
+        note = f"{monitor.reason}; sampled each run's host memory (RSS) instead" if monitor.host_gpus else monitor.reason
     timeline = None
     if timeline_path is not None:
         timeline = draw(store, timeline_path)

@@ -240,3 +240,18 @@ def test_schedule_runs_train_py_with_wandb_group(tmp_path):
         True, 16, 2, 0.2)
     log = (tmp_path / "jaxfit-runs" / "queue" / "logs" / "sched.1.log").read_text()
     assert "batch_size=16" in log or "batch 16" in log, log[-2000:]
+
+
+def test_the_ray_backend_runs_the_plan_with_fractional_gpus(tmp_path):
+    """--backend ray on a local Ray with one logical GPU: each run a task of num_gpus = its share."""
+    pytest.importorskip("ray")
+    _queue(tmp_path, [_fake(n, "--sleep=3") for n in ("a", "b", "c")] + [_fake("d", "--fail-times=1", retries=1)])
+    proc = _schedule(tmp_path, *LOGICAL, "--backend", "ray", "--json", "result.json", timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    result, records = _result(tmp_path), _records(tmp_path)
+    assert {n: (r["state"], r["attempts"]) for n, r in result.items()} == {
+        "a": ("done", 1), "b": ("done", 1), "c": ("done", 1), "d": ("done", 2)}
+    first = [records[n][0] for n in "abc"]
+    assert max(r["start"] for r in first) < min(r["end"] for r in first), "the three shares did not run together"
+    assert {r["env"]["CUDA_VISIBLE_DEVICES"] for r in first} == {"0"}  # Ray's GPU, not the plan's variable
+    assert all(r["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.3" for r in first)
