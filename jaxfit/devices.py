@@ -49,6 +49,17 @@ def detect_gpus() -> list[packing.GPU]:
     return [packing.GPU(index=i, total_bytes=total) for i, (_, _, total) in enumerate(chosen)]
 
 
+def visible_entry(position: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of the visible GPU at ``position`` (the position itself
+    when the variable is unset or shorter): what a child process is given to see that one GPU."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        items = [v.strip() for v in visible.split(",") if v.strip()]
+        if position < len(items):
+            return items[position]
+    return str(position)
+
+
 def visible_device_count() -> int:
     """Devices a child would see: CPU devices forced through XLA_FLAGS, the visible GPUs
     (:func:`detect_gpus`; CUDA_VISIBLE_DEVICES counted as given when nvidia-smi is missing), else 1."""

@@ -37,21 +37,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from jaxfit import packing
 from jaxfit.compiler import PROBE_DIR
+from jaxfit.devices import visible_entry
 from jaxfit.errors import ConfigError
 from jaxfit.launchers import LOST, Handle, LaunchSpec, Launcher
 from jaxfit.queue import Queue
 from jaxfit.runstate import Attempt, ExperimentRecord, StateStore
-from jaxfit.schedule import ScheduledRun, _with_steps, next_accumulation
+from jaxfit.schedule import ScheduledRun, with_steps, next_accumulation
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OutOfMemoryError")
 """Text in a failed attempt's log that means it ran out of device memory (FACTS.md #8)."""
@@ -146,6 +146,38 @@ def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], pl
     return store
 
 
+class ScheduleLock:
+    """An exclusive ``flock`` on ``<state dir>/lock`` while a scheduler runs the schedule, so that a
+    second ``jaxfit schedule --resume`` cannot start the same runs twice. The kernel drops it when
+    the process dies, even by SIGKILL, so a killed scheduler never leaves a stale lock."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = Path(state_dir) / "lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> ScheduleLock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"{self.path.parent} is being run by jaxfit (pid {holder}); wait for it, "
+                              "or stop it (Ctrl-C / kill) and then --resume") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def open_state(state_dir: Path) -> StateStore:
     """Open an existing schedule for ``--resume``.
 
@@ -177,16 +209,6 @@ def status_path_of(log_path: str) -> str:
     return log_path.removesuffix(".log") + ".status.json"
 
 
-def _visible_id(gpu: int) -> str:
-    """The ``CUDA_VISIBLE_DEVICES`` entry of the plan's GPU ``gpu`` (a position among the visible GPUs)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        items = [v.strip() for v in visible.split(",") if v.strip()]
-        if gpu < len(items):
-            return items[gpu]
-    return str(gpu)
-
-
 class Scheduler:
     """Runs the experiments of a stored schedule to the end (module docstring).
 
@@ -202,7 +224,7 @@ class Scheduler:
     def __init__(self, store: StateStore, launcher: Launcher, state_dir: Path, options: ExecuteOptions = ExecuteOptions(),
                  report: Report | None = None, on_tick: Callable[[], None] | None = None) -> None:
         self.store, self.launcher, self.state_dir, self.options = store, launcher, Path(state_dir), options
-        self._report, self._on_tick = report, on_tick
+        self._report, self.on_tick = report, on_tick
         self.plan: dict[str, Any] = store.meta("plan")
         self.logical: bool = bool(store.meta("logical", False))
         self.capacity = {g["index"]: g["capacity_bytes"] for g in self.plan["gpus"]}
@@ -250,11 +272,11 @@ class Scheduler:
         if self.logical:
             env["JAX_PLATFORMS"] = "cpu"
         else:
-            env["CUDA_VISIBLE_DEVICES"] = _visible_id(record.gpu)
+            env["CUDA_VISIBLE_DEVICES"] = visible_entry(record.gpu)
         if self.options.wandb_group:
             env["WANDB_RUN_GROUP"] = self.options.wandb_group
         env.update(record.env)
-        command = _with_steps(record.command, record.batch_size, record.grad_accum_steps)
+        command = with_steps(record.command, record.batch_size, record.grad_accum_steps)
         return LaunchSpec(
             name=record.name, attempt=attempt, command=command, env=env,
             log_path=stem + ".log", status_path=status_path_of(stem + ".log"),
@@ -436,8 +458,8 @@ class Scheduler:
                 if self.stop_signal is None:
                     self._admit(records)
                     records = self.store.experiments()
-                if self._on_tick is not None:
-                    self._on_tick()
+                if self.on_tick is not None:
+                    self.on_tick()
                 if self.stop_signal is not None and not self.handles:
                     return 128 + self.stop_signal
                 if all(r.final for r in records):
@@ -468,14 +490,3 @@ def result_rows(store: StateStore) -> list[dict[str, Any]]:
         rows.append(data)
     return rows
 
-
-def overlap_seconds(intervals: Mapping[str, tuple[float, float]]) -> float:
-    """The total time during which at least two of the intervals overlap (concurrency, for reports)."""
-    points = sorted([(start, 1) for start, _ in intervals.values()] + [(end, -1) for _, end in intervals.values()])
-    live, last, total = 0, math.nan, 0.0
-    for t, delta in points:
-        if live >= 2:
-            total += t - last
-        live += delta
-        last = t
-    return total

@@ -156,7 +156,7 @@ def next_accumulation(global_batch: int, steps: int) -> int | None:
     return None
 
 
-def _with_steps(command: Sequence[str], batch: int, steps: int) -> tuple[str, ...]:
+def with_steps(command: Sequence[str], batch: int, steps: int) -> tuple[str, ...]:
     """``command`` with ``--batch-size=batch`` and, when accumulating or already set, ``--grad-accum-steps``."""
     out = with_batch(list(command), BATCH_FLAG, batch)
     if steps > 1 or batch_value(out, ACCUM_FLAG) is not None:
@@ -181,7 +181,7 @@ def _fit_accumulated(experiment: Experiment, options: FitOptions, fraction: floa
         tried.append(f"{steps} x {global_batch // steps}")
         source = script_source(list(experiment.command), batch_flag=BATCH_FLAG,
                                probe_args=[*probe_args, f"{ACCUM_FLAG}={steps}"])
-        source["command"] = list(_with_steps(source["command"], global_batch, steps))
+        source["command"] = list(with_steps(source["command"], global_batch, steps))
         _notify(progress, f"{experiment.name}: global batch {global_batch} as {steps} x {global_batch // steps}")
         if fraction is None:
             return steps, fit_fraction(source, global_batch, options, progress=progress)
@@ -243,7 +243,7 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
         # a smaller fraction worked out from the peak alone is not proven): the run needs it.
         need = packing.Need(name, peak_bytes=peak, fraction=fraction, priority=priority, headroom_bytes=headroom)
     run = ScheduledRun(
-        name=name, command=_with_steps(experiment.command, batch, steps), batch_size=batch,
+        name=name, command=with_steps(experiment.command, batch, steps), batch_size=batch,
         mem_fraction=fraction, peak_bytes=peak, grad_accum_steps=steps, fitted=fitted, priority=priority,
     )
     return run, need

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,12 +21,14 @@ from rich.table import Table
 
 from jaxfit import packing
 from jaxfit.budget import format_bytes
+from jaxfit.devices import visible_entry
 from jaxfit.errors import ConfigError
-from jaxfit.execute import ExecuteOptions, Scheduler, create_state, ensure_no_schedule, open_state, result_rows
+from jaxfit.execute import (
+    ExecuteOptions, ScheduleLock, Scheduler, create_state, ensure_no_schedule, open_state, result_rows,
+)
 from jaxfit.fit import FitOptions, Progress
 from jaxfit.launchers import Launcher, LocalLauncher
 from jaxfit.queue import Queue
-from jaxfit.report import write_json
 from jaxfit.runstate import StateStore
 from jaxfit.schedule import load_plan, plan_queue
 
@@ -107,7 +108,7 @@ def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Cons
             assert live is not None
             live.update(status_table(store))
 
-        scheduler._on_tick = tick  # noqa: SLF001 - the display is the scheduler's optional hook
+        scheduler.on_tick = tick
     try:
         if live is not None:
             with live:
@@ -137,13 +138,10 @@ def draw(store: StateStore, path: Path, title: str = "") -> Path:
 
 
 def _physical_index(position: int) -> int:
-    """The NVML index of the visible GPU at ``position`` (NVML ignores CUDA_VISIBLE_DEVICES)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        items = [v.strip() for v in visible.split(",") if v.strip()]
-        if position < len(items) and items[position].isdigit():
-            return int(items[position])
-    return position
+    """The NVML index of the visible GPU at ``position`` (NVML ignores CUDA_VISIBLE_DEVICES;
+    a UUID entry is taken as the position)."""
+    entry = visible_entry(position)
+    return int(entry) if entry.isdigit() else position
 
 
 def _reporter(console: Console, quiet: bool) -> Any:
@@ -167,7 +165,6 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
     Raises:
       ConfigError: every planning error, an existing schedule in ``state_dir``, an unknown backend.
     """
-    launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
     ensure_no_schedule(state_dir)  # refuse before spending minutes on fits
     if plan_path is not None:
         runs, plan = load_plan(plan_path, queue)
@@ -177,14 +174,17 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
         runs, plan = plan_queue(queue, gpus, options_base=options_base, progress=progress, probe_args=probe_args,
                                 on_device=not logical)
     group = execute_options.wandb_group or f"{Path(queue.source).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
     options = dataclasses.replace(execute_options, wandb_group=group)
-    scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))
-    try:
-        return _run(store, scheduler, state_dir, console, quiet=quiet, monitor_interval=options.monitor_interval,
-                    timeline_path=timeline_path or state_dir / "timeline.png")
-    finally:
-        store.close()
+    with ScheduleLock(state_dir):
+        ensure_no_schedule(state_dir)  # again under the lock: another jaxfit may have started it meanwhile
+        launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
+        store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
+        scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))
+        try:
+            return _run(store, scheduler, state_dir, console, quiet=quiet, monitor_interval=options.monitor_interval,
+                        timeline_path=timeline_path or state_dir / "timeline.png")
+        finally:
+            store.close()
 
 
 def resume_schedule(state_dir: Path, *, console: Console, execute_options: ExecuteOptions = ExecuteOptions(),
@@ -197,15 +197,17 @@ def resume_schedule(state_dir: Path, *, console: Console, execute_options: Execu
     """
     store = open_state(state_dir)
     try:
-        backend = store.meta("backend", "local")
-        logical = bool(store.meta("logical", False))
-        launcher = make_launcher(backend, ray_address,
-                                 logical_gpus=len(store.meta("plan")["gpus"]) if logical else None)
-        options = dataclasses.replace(execute_options, wandb_group=execute_options.wandb_group
-                                      or store.meta("wandb_group"))
-        scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))
-        scheduler.reattach()
-        return _run(store, scheduler, state_dir, console, quiet=quiet, monitor_interval=options.monitor_interval,
-                    timeline_path=timeline_path or state_dir / "timeline.png")
+        with ScheduleLock(state_dir):
+            backend = store.meta("backend", "local")
+            logical = bool(store.meta("logical", False))
+            launcher = make_launcher(backend, ray_address,
+                                     logical_gpus=len(store.meta("plan")["gpus"]) if logical else None)
+            options = dataclasses.replace(execute_options, wandb_group=execute_options.wandb_group
+                                          or store.meta("wandb_group"))
+            scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))
+            scheduler.reattach()
+            return _run(store, scheduler, state_dir, console, quiet=quiet,
+                        monitor_interval=options.monitor_interval,
+                        timeline_path=timeline_path or state_dir / "timeline.png")
     finally:
         store.close()

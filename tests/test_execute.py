@@ -255,3 +255,16 @@ def test_the_ray_backend_runs_the_plan_with_fractional_gpus(tmp_path):
     assert max(r["start"] for r in first) < min(r["end"] for r in first), "the three shares did not run together"
     assert {r["env"]["CUDA_VISIBLE_DEVICES"] for r in first} == {"0"}  # Ray's GPU, not the plan's variable
     assert all(r["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.3" for r in first)
+
+
+def test_a_second_scheduler_cannot_run_the_same_schedule(tmp_path):
+    _queue(tmp_path, [_fake("slow", "--sleep=20")])
+    scheduler = _start_scheduler(tmp_path, *LOGICAL)
+    try:
+        _wait_for(lambda: _states(tmp_path).get("slow") == "running")
+        line = error_line(_schedule(tmp_path, "--resume", "--quiet"))
+        assert "is being run by jaxfit (pid" in line
+    finally:
+        scheduler.send_signal(signal.SIGTERM)
+        scheduler.communicate(timeout=60)
+    assert _states(tmp_path) == {"slow": "interrupted"}
