@@ -95,24 +95,40 @@ def state_summary(store: StateStore) -> str:
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
 
 
-def ensure_no_schedule(state_dir: Path) -> None:
-    """Refuse a folder that already holds a schedule (nothing in it is touched).
+def ensure_no_schedule(state_dir: Path, *, archive: bool = False) -> Path | None:
+    """Make sure a new schedule may start in ``state_dir``.
+
+    A folder holding an unfinished schedule is refused (nothing in it is touched). One whose runs
+    are all final (done, failed, timeout) is kept: with ``archive`` it is renamed to
+    ``<name>-<its start time>`` beside it, and that path is returned.
 
     Raises:
-      ConfigError: it does (resume it, or choose another folder).
+      ConfigError: an unfinished schedule is there (resume it, or choose another folder).
     """
     path = state_dir / STATE_FILE
     if not path.exists():
-        return
+        return None
     store = StateStore(path)
     try:
         summary = state_summary(store)
+        finished = all(r.final for r in store.experiments())
+        created = store.meta("created_at", None) or path.stat().st_mtime
     finally:
         store.close()
-    raise ConfigError(
-        f"{state_dir} already holds a schedule ({summary}); pass --resume to continue it, or "
-        "--state-dir DIR to start a new one elsewhere"
-    )
+    if not finished:
+        raise ConfigError(
+            f"{state_dir} holds an unfinished schedule ({summary}); pass --resume to continue it, or "
+            "--state-dir DIR to start a new one elsewhere"
+        )
+    if not archive:
+        return None
+    target = state_dir.with_name(f"{state_dir.name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(created))}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{target.name.split('.')[0]}.{n}")
+    state_dir.rename(target)
+    return target
 
 
 def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], plan: packing.Plan, *,
@@ -120,7 +136,7 @@ def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], pl
     """Write a new schedule's state: the plan, one ``pending`` row per experiment, a ``planned`` event.
 
     Raises:
-      ConfigError: the folder already holds a schedule (resume it, or choose another folder).
+      ConfigError: the folder holds an unfinished schedule (resume it, or choose another folder).
     """
     ensure_no_schedule(state_dir)
     store = StateStore(state_dir / STATE_FILE)
@@ -147,12 +163,13 @@ def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], pl
 
 
 class ScheduleLock:
-    """An exclusive ``flock`` on ``<state dir>/lock`` while a scheduler runs the schedule, so that a
-    second ``jaxfit schedule --resume`` cannot start the same runs twice. The kernel drops it when
-    the process dies, even by SIGKILL, so a killed scheduler never leaves a stale lock."""
+    """An exclusive ``flock`` on ``<state dir>.lock`` (beside the folder, so it holds while a finished
+    schedule is moved aside) while a scheduler runs the schedule, so that a second ``jaxfit schedule``
+    or ``--resume`` cannot start the same runs twice. The kernel drops it when the process dies, even
+    by SIGKILL, so a killed scheduler never leaves a stale lock."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = Path(state_dir) / "lock"
+        self.path = Path(state_dir).with_name(Path(state_dir).name + ".lock")
         self._fd: int | None = None
 
     def __enter__(self) -> ScheduleLock:
@@ -165,7 +182,7 @@ class ScheduleLock:
         except OSError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise ConfigError(f"{self.path.parent} is being run by jaxfit (pid {holder}); wait for it, "
+            raise ConfigError(f"{self.path.with_suffix('')} is being run by jaxfit (pid {holder}); wait for it, "
                               "or stop it (Ctrl-C / kill) and then --resume") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())

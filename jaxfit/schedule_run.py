@@ -176,7 +176,10 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
     group = execute_options.wandb_group or f"{Path(queue.source).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     options = dataclasses.replace(execute_options, wandb_group=group)
     with ScheduleLock(state_dir):
-        ensure_no_schedule(state_dir)  # again under the lock: another jaxfit may have started it meanwhile
+        # Again under the lock (another jaxfit may have started meanwhile); a finished one moves aside.
+        archived = ensure_no_schedule(state_dir, archive=True)
+        if archived is not None:
+            console.print(f"the finished schedule that was in {state_dir} is now in {archived}", highlight=False)
         launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
         store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
         scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))

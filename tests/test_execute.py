@@ -191,6 +191,8 @@ def test_sigterm_stops_runs_gracefully_and_resume_finishes_them(tmp_path):
     assert scheduler.returncode == 128 + signal.SIGTERM, err
     assert _states(tmp_path) == {"slow": "interrupted", "other": "interrupted"}
     assert "--resume" in out
+    line = error_line(_schedule(tmp_path, *LOGICAL))  # an unfinished schedule is never started over
+    assert "holds an unfinished schedule (2 interrupted)" in line and "--resume" in line
     for runs in _records(tmp_path).values():
         with pytest.raises(ProcessLookupError):
             os.kill(runs[0]["pid"], 0)  # no child left behind
@@ -208,8 +210,11 @@ def test_bad_schedule_input_is_one_line(tmp_path):
     assert "exclude each other" in error_line(_schedule(tmp_path, "--resume", "--dry-run"))
     assert "--grace" in error_line(_schedule(tmp_path, *LOGICAL, "--grace", "-1"))
     assert _schedule(tmp_path, *LOGICAL).returncode == 0
-    line = error_line(_schedule(tmp_path, *LOGICAL))
-    assert "already holds a schedule (1 done)" in line and "--resume" in line
+    again = _schedule(tmp_path, *LOGICAL)  # a finished schedule is moved aside, not overwritten
+    assert again.returncode == 0, again.stderr
+    (archived,) = (tmp_path / "jaxfit-runs").glob("queue-2*")
+    assert (archived / "state.sqlite").exists() and (archived / "logs" / "a.1.log").exists()
+    assert str(archived) in again.stdout
     proc = _schedule(tmp_path, *LOGICAL, "--backend", "nope")  # tyro's own usage error
     assert proc.returncode == 2 and "'nope'" in proc.stderr and "Traceback" not in proc.stderr
 
