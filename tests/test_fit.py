@@ -126,3 +126,17 @@ def test_nothing_fits_says_what_the_smallest_batch_needs():
     tiny = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=256 * 1024)  # a 128 KiB budget
     with pytest.raises(jaxfit.DoesNotFitError, match=r"not even batch 1 fits .*about fraction"):
         jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), tiny)
+
+
+def test_batches_fitting_above_the_answer_are_reported():
+    """Non-monotone curves (measured on an H100: an MLP ran at 2252 and at 2468, not at 2253)."""
+    from jaxfit.fit import Candidate, fitting_above
+
+    def candidate(batch: int, fits: bool, autotuned: bool) -> Candidate:
+        return Candidate(batch, 100, 1, 1, 0, 1, fits, 1.0, False, autotuned)
+
+    found = [candidate(8, True, False), candidate(12, True, True), candidate(13, False, True),
+             candidate(20, True, True), candidate(27, True, False), candidate(30, False, True)]
+    assert fitting_above(found, 12, tuned_only=True) == [20]  # the untuned 27 proves nothing on a GPU
+    assert fitting_above(found, 12, tuned_only=False) == [20, 27]
+    assert fitting_above(found, 30, tuned_only=False) == []
