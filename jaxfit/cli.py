@@ -298,12 +298,12 @@ def schedule_command(
     """
     from pathlib import Path
 
-    from jaxfit.devices import detect_gpus
     from jaxfit.execute import ExecuteOptions, default_state_dir
     from jaxfit.fit import FitOptions
     from jaxfit.queue import load_queue
     from jaxfit.report import check_writable, write_json
-    from jaxfit.schedule import gpu_lines, plan_queue, resolve_gpus, schedule_dict, schedule_table
+    from jaxfit.schedule import gpu_lines, plan_queue, schedule_dict, schedule_table
+    from jaxfit.schedule_run import target_gpus
 
     if _COMMAND:
         raise JaxfitError("jaxfit schedule takes no command after --; the commands are in the queue file")
@@ -329,40 +329,21 @@ def schedule_command(
         return _schedule_outcome(out, outcome, json)
     parsed = load_queue(queue)
     size = budget_mod.parse_size(device_memory) if device_memory else None
-    visible = detect_gpus()
-    if visible and not dry_run and (size is not None or gpus is not None and gpus > len(visible)):
-        raise JaxfitError(
-            f"{len(visible)} GPUs are visible, so the runs go on them at their own size; --device-memory and "
-            "more --gpus than are visible only plan (add --dry-run)"
-        )
-    on_device = bool(visible) and size is None and (gpus is None or gpus <= len(visible))
-    if on_device:
-        # Fractions are of CUDA's total, which is less than nvidia-smi's (FACTS.md #4); and each
-        # process holds memory outside its pool (FACTS.md #5): both measured once, then cached.
-        from jaxfit.calibrate import calibrate
-
-        calibration = calibrate()
-        visible = calibration.cuda_totals(visible)
-        if parsed.process_overhead_bytes is None:
-            parsed = dataclasses.replace(parsed, process_overhead_bytes=calibration.process_overhead_bytes)
-        out.print(f"GPU 0: {budget_mod.format_bytes(calibration.cuda_total_bytes)} as CUDA reports it; per-process "
-                  f"overhead {budget_mod.format_bytes(parsed.process_overhead_bytes)}"
-                  + (" (jaxfit calibrate)" if parsed.process_overhead_bytes == calibration.process_overhead_bytes
-                     else " (the queue's)"), highlight=False)
-    targets = resolve_gpus(parsed, gpus=gpus, device_memory_bytes=size, detected=visible)
+    parsed, targets, on_device = target_gpus(parsed, gpus=gpus, device_memory_bytes=size, dry_run=dry_run,
+                                             note=lambda text: out.print(text, highlight=False))
     if dry_run:
-        runs, plan = plan_queue(parsed, targets, options_base=FitOptions(max_batch=max_batch), progress=progress,
-                                probe_args=list(probe_args), on_device=on_device)
+        runs, planned = plan_queue(parsed, targets, options_base=FitOptions(max_batch=max_batch), progress=progress,
+                                   probe_args=list(probe_args), on_device=on_device)
         if json:
-            write_json(json, schedule_dict(runs, plan))
-        out.print(schedule_table(runs, plan))
-        for line in gpu_lines(plan):
+            write_json(json, schedule_dict(runs, planned))
+        out.print(schedule_table(runs, planned))
+        for line in gpu_lines(planned):
             out.print(line, highlight=False)
         return 0
     from jaxfit.schedule_run import start_schedule
 
     outcome = start_schedule(
-        parsed, targets, logical=not visible, state_dir=folder, backend=backend, console=out,
+        parsed, targets, logical=not on_device, state_dir=folder, backend=backend, console=out,
         options_base=FitOptions(max_batch=max_batch), progress=progress, probe_args=list(probe_args),
         execute_options=execute_options, ray_address=ray_address, quiet=quiet,
         timeline_path=Path(timeline) if timeline else None, plan_path=plan,

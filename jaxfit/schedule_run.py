@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from rich.table import Table
 
 from jaxfit import packing
 from jaxfit.budget import format_bytes
-from jaxfit.devices import visible_entry
+from jaxfit.devices import detect_gpus, visible_entry
 from jaxfit.errors import ConfigError
 from jaxfit.execute import (
     ExecuteOptions, ScheduleLock, Scheduler, create_state, ensure_no_schedule, open_state, result_rows,
@@ -30,7 +30,7 @@ from jaxfit.fit import FitOptions, Progress
 from jaxfit.launchers import Launcher, LocalLauncher
 from jaxfit.queue import Queue
 from jaxfit.runstate import StateStore
-from jaxfit.schedule import load_plan, plan_queue
+from jaxfit.schedule import load_plan, plan_queue, resolve_gpus
 
 BACKENDS = ("local", "ray")
 
@@ -153,6 +153,44 @@ def _reporter(console: Console, quiet: bool) -> Any:
                       soft_wrap=True)
 
     return report
+
+
+def target_gpus(queue: Queue, *, gpus: int | None, device_memory_bytes: int | None, dry_run: bool,
+                note: Callable[[str], None] = lambda _text: None) -> tuple[Queue, list[packing.GPU], bool]:
+    """The GPUs a queue is planned on, and the queue with its per-process overhead filled in.
+
+    On the visible GPUs (no ``--device-memory``, no more ``--gpus`` than are visible) fractions are
+    of CUDA's total, which is less than nvidia-smi's (FACTS.md #4), and each process holds memory
+    outside its pool (FACTS.md #5): both come from :func:`jaxfit.calibrate.calibrate` (measured
+    once, then cached). Otherwise the GPUs are logical (:func:`jaxfit.schedule.resolve_gpus`).
+
+    Returns:
+      ``(queue, gpus, on_device)``: ``on_device`` is False for logical GPUs (runs compute on the CPU).
+
+    Raises:
+      ConfigError: logical GPUs asked for while GPUs are visible, outside ``--dry-run``; every error
+        of :func:`jaxfit.schedule.resolve_gpus` and of calibration.
+    """
+    visible = detect_gpus()
+    if visible and not dry_run and (device_memory_bytes is not None or gpus is not None and gpus > len(visible)):
+        raise ConfigError(
+            f"{len(visible)} GPUs are visible, so the runs go on them at their own size; --device-memory and "
+            "more --gpus than are visible only plan (add --dry-run)"
+        )
+    on_device = bool(visible) and device_memory_bytes is None and (gpus is None or gpus <= len(visible))
+    if on_device:
+        from jaxfit.calibrate import calibrate
+
+        calibration = calibrate()
+        visible = calibration.cuda_totals(visible)
+        source = "the queue's"
+        if queue.process_overhead_bytes is None:
+            queue = dataclasses.replace(queue, process_overhead_bytes=calibration.process_overhead_bytes)
+            source = "jaxfit calibrate"
+        note(f"GPU 0: {format_bytes(calibration.cuda_total_bytes)} as CUDA reports it; per-process overhead "
+             f"{format_bytes(queue.process_overhead_bytes or 0)} ({source})")
+    targets = resolve_gpus(queue, gpus=gpus, device_memory_bytes=device_memory_bytes, detected=visible)
+    return queue, targets, on_device
 
 
 def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, state_dir: Path, backend: str,
