@@ -160,7 +160,8 @@ def _start_scheduler(folder: Path, *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(folder / "out"))
 
 
-def test_sigkill_of_the_scheduler_then_resume_reruns_nothing_finished(tmp_path):
+@pytest.mark.parametrize("ended_meanwhile", [False, True], ids=["adopts-a-live-run", "reads-a-run-that-ended"])
+def test_sigkill_of_the_scheduler_then_resume_reruns_nothing_finished(tmp_path, ended_meanwhile):
     # quick finishes at once; long is running when the scheduler dies; later waits for memory.
     _queue(tmp_path, [_fake("quick", "--sleep=0.1", fraction=0.3), _fake("long", "--sleep=4", fraction=0.6),
                       _fake("later", "--sleep=0.1", fraction=0.6)])
@@ -169,6 +170,11 @@ def test_sigkill_of_the_scheduler_then_resume_reruns_nothing_finished(tmp_path):
     scheduler.send_signal(signal.SIGKILL)
     scheduler.communicate(timeout=30)
     assert _states(tmp_path)["later"] == "pending"
+    if ended_meanwhile:  # long ends with no scheduler alive; its runner still records the exit code
+        status = tmp_path / "jaxfit-runs" / "queue" / "logs" / "long.1.status.json"
+        _wait_for(lambda: status.exists())
+        assert json.loads(status.read_text())["exit_code"] == 0
+        assert _states(tmp_path)["long"] == "running"  # nobody has read it yet
 
     proc = _schedule(tmp_path, "--resume", "--json", "result.json", "--grace", "2", "--quiet")
     assert proc.returncode == 0, proc.stderr + proc.stdout
