@@ -36,7 +36,6 @@ hook), plus the queue's ``env``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -45,16 +44,19 @@ from pathlib import Path
 from typing import Any
 
 from jaxfit import packing
+from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
 from jaxfit.compiler import PROBE_DIR
 from jaxfit.devices import visible_entry
 from jaxfit.errors import ConfigError
 from jaxfit.launchers import LOST, Handle, LaunchSpec, Launcher
 from jaxfit.queue import Queue
+from jaxfit.report import write_json
 from jaxfit.runstate import Attempt, ExperimentRecord, StateStore
 from jaxfit.schedule import ScheduledRun, with_steps, next_accumulation
 
-OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OutOfMemoryError")
-"""Text in a failed attempt's log that means it ran out of device memory (FACTS.md #8)."""
+LOG_OOM_MARKERS = ("OutOfMemoryError",)
+"""Text in a failed attempt's log that means it ran out of memory, beyond XLA's own markers
+(:func:`jaxfit._probe.jaxfit_compile_server.is_out_of_memory`, FACTS.md #8)."""
 
 STATE_FILE = "state.sqlite"
 """The state file inside a schedule's state folder."""
@@ -147,7 +149,7 @@ def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], pl
         records.append(ExperimentRecord(
             name=run.name, position=placement.start, gpu=placement.gpu, mem_fraction=placement.mem_fraction,
             batch_size=run.batch_size, grad_accum_steps=run.grad_accum_steps,
-            global_batch=run.batch_size, need_bytes=placement.need_bytes, command=run.command,
+            need_bytes=placement.need_bytes, command=run.command,
             env=dict(experiment.env), retries=experiment.retries, timeout=experiment.timeout,
         ))
     store.add_experiments(records)
@@ -218,7 +220,7 @@ def ran_out_of_memory(log_path: str | None, tail_bytes: int = 256 * 1024) -> boo
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return False
-    return any(marker in text for marker in OOM_MARKERS)
+    return is_out_of_memory(text) or any(marker in text for marker in LOG_OOM_MARKERS)
 
 
 def status_path_of(log_path: str) -> str:
@@ -277,7 +279,7 @@ class Scheduler:
         logs.mkdir(parents=True, exist_ok=True)
         stem = str((logs / f"{record.name}.{attempt}").resolve())
         settings_path = Path(stem + ".settings.json")
-        settings_path.write_text(json.dumps(self._settings(record, attempt), indent=2))
+        write_json(settings_path, self._settings(record, attempt))
         env: dict[str, str] = {
             "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{record.mem_fraction:g}",
             "XLA_PYTHON_CLIENT_PREALLOCATE": "true",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import signal
@@ -19,6 +18,7 @@ from jaxfit.compiler import PROBE_DIR
 from jaxfit.devices import visible_device_count
 from jaxfit.errors import ConfigError
 from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction, jaxfit_version
+from jaxfit.report import write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,9 +149,7 @@ def _settings_file(settings: Mapping[str, Any]) -> Path:
     folder = default_cache_path().parent / "runs"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(settings), indent=2))
-    os.replace(tmp, path)
+    write_json(path, settings)
     return path
 
 

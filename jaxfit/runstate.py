@@ -35,7 +35,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS experiments (
     name TEXT PRIMARY KEY, position INTEGER NOT NULL, gpu INTEGER NOT NULL, mem_fraction REAL NOT NULL,
-    batch_size INTEGER NOT NULL, grad_accum_steps INTEGER NOT NULL, global_batch INTEGER,
+    batch_size INTEGER NOT NULL, grad_accum_steps INTEGER NOT NULL,
     need_bytes INTEGER NOT NULL, command TEXT NOT NULL, env TEXT NOT NULL, retries INTEGER NOT NULL,
     timeout REAL, state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, crashes INTEGER NOT NULL DEFAULT 0,
     pid INTEGER, started_at REAL, ended_at REAL, exit_code INTEGER, reason TEXT, log_path TEXT
@@ -64,7 +64,6 @@ class ExperimentRecord:
       mem_fraction: Its ``XLA_PYTHON_CLIENT_MEM_FRACTION``.
       batch_size: The batch of its latest (or next) attempt (smaller after an out-of-memory retry).
       grad_accum_steps: The accumulation of its latest (or next) attempt.
-      global_batch: ``batch_size x grad_accum_steps`` to keep across retries (None: not kept).
       need_bytes: The physical memory the plan charges it on its GPU (pool + per-process overhead).
       command: Its command as planned (batch and accumulation flags are set per attempt).
       env: Extra environment variables from the queue.
@@ -87,7 +86,6 @@ class ExperimentRecord:
     mem_fraction: float
     batch_size: int
     grad_accum_steps: int
-    global_batch: int | None
     need_bytes: int
     command: tuple[str, ...]
     env: dict[str, str]

@@ -26,13 +26,16 @@ import json
 import os
 import re
 import shlex
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from jaxfit.monitor import gpu_peaks  # noqa: E402
+from jaxfit.runstate import StateStore  # noqa: E402
 TRAIN = [sys.executable, "scripts/train.py"]
 COMMON = ["--no-wandb-enabled", "--overwrite", "--checkpoint-base-dir=/tmp/jaxfit-bench-ck", "--save-interval=100000"]
 
@@ -144,12 +147,17 @@ def table_main(out: Path) -> int:
     packed = json.loads((out / "packed.json").read_text())
     meta = json.loads((out / "packed_meta.json").read_text())
     sequential = {r["name"]: r for r in json.loads((out / "sequential.json").read_text())}
-    db = sqlite3.connect(out / "state" / "state.sqlite")
-    stored_plan = json.loads(db.execute("SELECT value FROM meta WHERE key='plan'").fetchone()[0])
-    runs = {r["name"]: r for r in json.loads(db.execute("SELECT value FROM meta WHERE key='runs'").fetchone()[0])}
-    outcomes = [row[0] for row in db.execute("SELECT outcome FROM attempts")]
-    gpu_peak = db.execute("SELECT MAX(used_bytes) FROM samples WHERE name IS NULL").fetchone()[0]
-    proc_peaks = dict(db.execute("SELECT name, MAX(used_bytes) FROM samples WHERE name IS NOT NULL GROUP BY name"))
+    store = StateStore(out / "state" / "state.sqlite")
+    stored_plan = store.meta("plan")
+    runs = {r["name"]: r for r in store.meta("runs")}
+    outcomes = [a.outcome for a in store.attempts()]
+    samples = store.samples()
+    store.close()
+    gpu_peak = max(gpu_peaks(samples).values(), default=None)
+    proc_peaks: dict[str, int] = {}  # each run's highest single-process reading
+    for sample in samples:
+        if sample.name is not None:
+            proc_peaks[sample.name] = max(proc_peaks.get(sample.name, 0), sample.used_bytes)
     first = min(e["started_at"] for e in packed["experiments"])
     last = max(e["ended_at"] for e in packed["experiments"])
     makespan = last - first

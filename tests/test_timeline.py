@@ -19,7 +19,7 @@ T0 = 1_700_000_000.0
 def _record(name: str, position: int, gpu: int, need_gib: float, state: str) -> ExperimentRecord:
     return ExperimentRecord(
         name=name, position=position, gpu=gpu, mem_fraction=0.4, batch_size=32, grad_accum_steps=1,
-        global_batch=None, need_bytes=int(need_gib * GIB), command=("python", "train.py"), env={},
+        need_bytes=int(need_gib * GIB), command=("python", "train.py"), env={},
         retries=1, timeout=None, state=state,
     )
 

@@ -33,13 +33,11 @@ OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 REPLY_FD_ENV = "JAXFIT_REPLY_FD"
 REQUEST_FD_ENV = "JAXFIT_REQUEST_FD"
 CACHE_PATH_ENV = "JAXFIT_COMPILE_CACHE"
-
-
-
 TUNED_LEVEL = os.environ.get("JAXFIT_AUTOTUNE_LEVEL")
 """Experimental: the ``xla_gpu_autotune_level`` of autotuned compiles (unset: XLA's default, 4, as
 the training run itself uses). Levels 1-3 skip buffer re-initialisation and result checking; the
 benchmark ``scripts/bench_autotune_level.py`` measures whether they change peaks or save time."""
+
 
 def is_out_of_memory(message: str) -> bool:
     """Whether an exception text is XLA's out-of-memory error (FACTS.md #8)."""
