@@ -24,7 +24,7 @@ from jaxfit import budget as budget_mod
 from jaxfit.cache import AnswerCache, default_cache_path
 from jaxfit.compiler import CompileChild, CompileOutcome, DeviceInfo
 from jaxfit.errors import CompileError, ConfigError, DoesNotFitError
-from jaxfit.search import Grid, search
+from jaxfit.search import Grid, prove, search
 from jaxfit.sources import source_identity
 
 DEFAULT_MEM_FRACTION = 0.45
@@ -276,6 +276,11 @@ def _store_answer(options: FitOptions, key: str | None, result: FitResult) -> No
 # -- helpers -------------------------------------------------------------------------------------
 
 
+TUNED_WIDTH = 2
+"""Autotuned compiles per round on a GPU: autotuning keeps the whole machine busy, so more at once
+only make each slower (H100, gpt-small: one alone 15.6 s, four at once 50.8 s)."""
+
+
 def _default_width(info: DeviceInfo) -> int:
     if info.limit_sensitive:
         return 4
@@ -378,10 +383,10 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
             _notify(progress, "note", text=f"batch sizes are multiples of {step}: the script shards over "
                                             f"{info.device_count} devices")
         width = options.width or _default_width(info)
-        # On a GPU the seed round (small batches, far from the limit) compiles with autotuning off,
-        # about 3x faster; later rounds compile the program as it will really run (autotuned),
-        # because near the limit the two can differ a lot: on the H200, ViT-S at batch 157 under
-        # fraction 0.05 needs 6.96 GiB untuned and 10.89 GiB tuned. --no-verify: untuned throughout.
+        # On a GPU the search compiles with autotuning off (cheap, and four run side by side in
+        # about the time of one) and the answer is then proved on the program as it will really
+        # run (autotuned): near the limit the two can differ (on the H200, ViT-S at batch 157 under
+        # fraction 0.05 needs 6.96 GiB untuned and 10.89 GiB tuned). --no-verify: untuned only.
         tuned = info.limit_sensitive and options.verify
         _notify(progress, "start", device=info, limit=limit, budget=budget, width=width)
 
@@ -392,32 +397,29 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
         def excess_of(o: CompileOutcome) -> float:
             return math.inf if o.memory is None else o.memory.peak_bytes - budget
 
-        def evaluate(batches: list[int]) -> dict[int, float]:
-            nonlocal rounds
-            rounds += 1
-            autotune = not info.limit_sensitive or (tuned and rounds > 1)
-            _notify(progress, "round", round=rounds, batches=batches, autotune=autotune and info.limit_sensitive)
-            got = child.compile(
-                batches, autotune=autotune, threads=width,
-                on_result=lambda o: _notify(progress, "compiled", outcome=o, budget=budget),
-            )
-            for b in batches:
-                if got[b].memory is None and not got[b].oom:
-                    _raise_compile_error(got[b])
-                outcomes[b] = got[b]
-                history.append(got[b])
-            return {b: excess_of(got[b]) for b in batches}
+        def evaluator(autotune: bool, threads: int) -> Callable[[list[int]], dict[int, float]]:
+            def evaluate(batches: list[int]) -> dict[int, float]:
+                nonlocal rounds
+                rounds += 1
+                _notify(progress, "round", round=rounds, batches=batches, autotune=autotune and info.limit_sensitive)
+                got = child.compile(
+                    batches, autotune=autotune, threads=threads,
+                    on_result=lambda o: _notify(progress, "compiled", outcome=o, budget=budget),
+                )
+                for b in batches:
+                    if got[b].memory is None and not got[b].oom:
+                        _raise_compile_error(got[b])
+                    outcomes[b] = got[b]
+                    history.append(got[b])
+                return {b: excess_of(got[b]) for b in batches}
+            return evaluate
 
-        found = search(evaluate, grid, width=width)
-        # The boundary is proved only by compiles of the real program: recompile any untuned seed
-        # at the boundary, and search on if that moved it.
-        while tuned and found.answer is not None:
-            stale = [b for b in (found.answer, found.answer + grid.step)
-                     if b in outcomes and not outcomes[b].autotuned]
-            if not stale:
-                break
-            evaluate(stale)
-            found = search(evaluate, grid, width=width, known={b: excess_of(o) for b, o in outcomes.items()})
+        # Untuned on a GPU with verification (the proof follows), else the program as it runs
+        # (the CPU compiler has no autotuning; --no-verify takes the untuned answer).
+        found = search(evaluator(not info.limit_sensitive, width), grid, width=width,
+                       leave_open=TUNED_WIDTH - 1 if tuned else 0)
+        if tuned:
+            found = prove(evaluator(True, TUNED_WIDTH), grid, found, budget, width=TUNED_WIDTH)
         candidates = [Candidate.of(o, budget) for o in sorted(history, key=lambda o: (o.batch_size, o.autotuned))]
         if found.answer is None:
             smallest = outcomes[grid.first]

@@ -43,6 +43,28 @@ WORKLOADS: dict[str, tuple[str, dict[str, str], float]] = {
     "mlp-fp32": ("mlp", {}, 0.008),
     "gpt-tiny-fp32": ("gpt-tiny", {}, 0.01),
 }
+# The same budgets on an H100 80GB (CUDA total 81,080 MiB vs the H200's 143,160 MiB): the same
+# answers, so rows measured on either card describe the same question. The MLP's 0.008 leaves less
+# than batch 1 needs on an H100; 0.014 was measured there instead.
+H100_FRACTIONS = {"gpt-small-fp32": 0.212, "gpt-small-bf16-remat": 0.0706, "vit-small-fp32": 0.0177,
+                  "mlp-fp32": 0.014, "gpt-tiny-fp32": 0.0177}
+
+
+def gpu_name() -> str:
+    """The first GPU's name according to nvidia-smi ("" without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except OSError:
+        return ""
+    return out.strip().splitlines()[0] if out.strip() else ""
+
+
+def fraction_for(name: str, device: str, override: float | None) -> float:
+    """``--fraction`` when given, else the workload's fraction for this card."""
+    if override:
+        return override
+    return H100_FRACTIONS[name] if "H100" in device else WORKLOADS[name][2]
 TRIAL_MARK = "JAXFIT_TRIAL "
 
 
@@ -146,22 +168,27 @@ def run_main(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    device = gpu_name()
     for name in names:
-        example, overrides, fraction = WORKLOADS[name]
-        fraction = args.fraction or fraction
-        log(f"== {name}: {example} {overrides} at fraction {fraction}")
-        with tempfile.TemporaryDirectory() as cache_dir:
-            cold = jaxfit_fit(example, overrides, fraction, cache_dir, out_dir / f"{name}.fit.json")
-            log(f"  jaxfit cold: {cold.get('result', {}).get('batch_size')} in {cold['wall_s']:.1f} s")
-            warm = jaxfit_fit(example, overrides, fraction, cache_dir, out_dir / f"{name}.fit-cached.json")
-            log(f"  jaxfit cached: {warm['wall_s']:.2f} s")
+        example, overrides, _ = WORKLOADS[name]
+        fraction = fraction_for(name, device, args.fraction)
+        log(f"== {name}: {example} {overrides} at fraction {fraction} on {device or 'no GPU'}")
         record = {"workload": name, "example": example, "overrides": overrides, "mem_fraction": fraction,
-                  "jaxfit_cold": cold, "jaxfit_cached": {k: v for k, v in warm.items() if k != "result"}}
+                  "device": device}
+        if not args.trials_only:
+            with tempfile.TemporaryDirectory() as cache_dir:
+                cold = jaxfit_fit(example, overrides, fraction, cache_dir, out_dir / f"{name}.fit.json")
+                log(f"  jaxfit cold: {cold.get('result', {}).get('batch_size')} in {cold['wall_s']:.1f} s"
+                    + ("" if cold["ok"] else f": {cold['error']}"))
+                warm = jaxfit_fit(example, overrides, fraction, cache_dir, out_dir / f"{name}.fit-cached.json")
+                log(f"  jaxfit cached: {warm['wall_s']:.2f} s")
+            record.update(jaxfit_cold=cold, jaxfit_cached={k: v for k, v in warm.items() if k != "result"})
         if not args.skip_trials:
             truth = trial_search(example, overrides, fraction, log)
             record.update(truth)
             log(f"  trials: true max {truth['true_max']} after {truth['trials']} trials, {truth['trial_wall_s']:.1f} s")
-        if cold.get("ok"):
+        cold = record.get("jaxfit_cold", {})
+        if cold.get("ok") and not args.skip_trials:
             answer = cold["result"]["batch_size"]
             at_answer = [t for t in record.get("trial_records", []) if t["batch"] == answer]
             record["at_answer"] = at_answer[0] if at_answer else run_trial(example, overrides, fraction, answer)
@@ -176,32 +203,40 @@ def _mib(n: float | None) -> str:
 
 def table_main(args: argparse.Namespace) -> int:
     records = [json.loads(line) for raw in args.raw for line in Path(raw).read_text().splitlines() if line.strip()]
-    # The latest record of each workload; a jaxfit-only rerun (--skip-trials) keeps the ground truth
-    # of the latest record that has one (the trials do not depend on jaxfit's code).
+    # Per workload (and the fraction of its latest record): jaxfit from the latest record that ran
+    # it, the ground truth from the latest that ran the trials (they do not depend on jaxfit's code),
+    # so jaxfit-only (--skip-trials) and trials-only (--trials-only) runs combine.
     rows = []
     for name in dict.fromkeys(r["workload"] for r in records):
-        mine = [r for r in records if r["workload"] == name]
-        latest = dict(mine[-1])
-        if "true_max" not in latest:
-            truth = [r for r in mine if "true_max" in r and r["mem_fraction"] == latest["mem_fraction"]]
-            if truth:
-                latest.update({k: truth[-1][k] for k in ("true_max", "trials", "trial_wall_s")})
-        rows.append(latest)
+        fraction = [r for r in records if r["workload"] == name][-1]["mem_fraction"]
+        mine = [r for r in records if r["workload"] == name and r["mem_fraction"] == fraction]
+        fits = [r for r in mine if "jaxfit_cold" in r]
+        if not fits:
+            continue
+        row = dict(fits[-1])
+        truth = [r for r in mine if "true_max" in r]
+        if truth:
+            row.update({k: truth[-1][k] for k in ("true_max", "trials", "trial_wall_s")})
+            if row["jaxfit_cold"].get("ok") and "at_answer" not in row:
+                answer = row["jaxfit_cold"]["result"]["batch_size"]
+                at = [t for t in truth[-1].get("trial_records", []) if t["batch"] == answer]
+                row["at_answer"] = at[0] if at else {}
+        rows.append(row)
     print("| workload | fraction | budget MiB | true max (trials) | trials | trial s | jaxfit answer | compiles | rounds "
-          "| jaxfit s | speed-up | cached s | predicted peak MiB | measured peak MiB | OOM at answer |")
-    print("|" + " --- |" * 15)
+          "| jaxfit s | jaxfit / trials | cached s | predicted peak MiB | measured peak MiB | OOM at answer | device |")
+    print("|" + " --- |" * 16)
     for r in rows:
         cold = r["jaxfit_cold"]
         res = cold.get("result", {})
         at = r.get("at_answer", {})
-        speedup = (r["trial_wall_s"] / cold["wall_s"]) if r.get("trial_wall_s") and cold.get("ok") else None
+        ratio = (cold["wall_s"] / r["trial_wall_s"]) if r.get("trial_wall_s") and cold.get("ok") else None
         print(
             f"| {r['workload']} | {r['mem_fraction']} | {_mib(res.get('budget_bytes'))} | {r.get('true_max', '-')} "
             f"| {r.get('trials', '-')} | {r.get('trial_wall_s', '-')} | {res.get('batch_size', 'error')} "
             f"| {res.get('compiles', '-')} | {res.get('rounds', '-')} | {cold['wall_s']:.1f} "
-            f"| {f'{speedup:.1f}x' if speedup else '-'} | {r['jaxfit_cached']['wall_s']:.2f} "
+            f"| {f'{ratio:.2f}' if ratio else '-'} | {r['jaxfit_cached']['wall_s']:.2f} "
             f"| {_mib(res.get('peak_bytes'))} | {_mib(at.get('peak_bytes_in_use'))} "
-            f"| {'no' if at.get('ok') else 'YES'} |"
+            f"| {'-' if not at else 'no' if at.get('ok') else 'YES'} | {r.get('device', 'NVIDIA H200')} |"
         )
     return 0
 
@@ -213,7 +248,9 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--only", nargs="*", choices=list(WORKLOADS))
     p.add_argument("--skip-trials", action="store_true", help="time jaxfit only (no ground truth)")
-    p.add_argument("--fraction", type=float, help="override the workloads' fractions (e.g. for a smaller GPU)")
+    p.add_argument("--trials-only", action="store_true", help="the ground truth only (no jaxfit)")
+    p.add_argument("--fraction", type=float,
+                   help="override the workloads' fractions (default: the H200's, or the same budgets on an H100)")
     p = sub.add_parser("table", help="render raw.jsonl files as a markdown table (later records win)")
     p.add_argument("raw", nargs="+")
     p = sub.add_parser("trial", help="internal: one trial in this process")

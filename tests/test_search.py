@@ -8,7 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.search import Bracket, Grid, doubling_bisection, next_round, search, settled
+from jaxfit.search import (
+    Bracket, Grid, affine_slope, doubling_bisection, next_round, prove, search, settled, trusted_prior,
+)
 
 MiB = 1 << 20
 
@@ -116,3 +118,105 @@ def test_next_round_is_empty_once_settled():
 def test_bad_grids_are_config_errors(low, high, step, match):
     with pytest.raises(ConfigError, match=match):
         Grid(low, high, step)
+
+
+# -- the two-phase GPU search: cheap (untuned) curve, then proof on the expensive (tuned) one --------
+
+GiB = 1 << 30
+
+
+def _vit_like_tuned(b: int) -> float:
+    return (0.3 + 0.0693 * b) * GiB
+
+
+def _vit_like_untuned(b: int) -> float:
+    """ViT-S at fraction 0.05 on the H200: untuned, XLA squeezes a plateau up to batch 157."""
+    if b <= 157:
+        return min(_vit_like_tuned(b), 6.5 * GiB + 0.003 * GiB * b)
+    return 7.2 * GiB + 0.07 * GiB * (b - 157)
+
+
+def _gpt_fp32_tuned(b: int) -> float:
+    """gpt-small fp32 at 0.12 on the H200, tuned: squeezed up to 13, then a cliff."""
+    return squeezed(b) if b <= 13 else (18300 + 1250 * (b - 14)) * MiB
+
+
+TWO_PHASE: list[tuple[str, Callable[[int], float], Callable[[int], float], float, Grid, int]] = [
+    # name, untuned, tuned, budget, grid, most autotuned rounds allowed
+    ("curves-agree", lambda b: 1e9 + 2.1e8 * b, lambda b: 1e9 + 2.1e8 * b + 47e3, 5.728e9, Grid(1, 65536), 1),
+    ("tuned-one-below", squeezed, _gpt_fp32_tuned, 17180 * MiB, Grid(1, 65536), 1),
+    ("tuned-far-below", _vit_like_untuned, _vit_like_tuned, 7 * GiB, Grid(1, 65536), 3),
+    ("tuned-above", lambda b: 1e9 + 1e8 * b, lambda b: 1e9 + 0.97e8 * b, 10e9, Grid(1, 65536), 2),
+    ("tuned-above-multiple-of-8", lambda b: 1e9 + 1e7 * b, lambda b: 1e9 + 0.9e7 * b, 10e9, Grid(8, 65536, 8), 3),
+    ("only-untuned-fits", lambda b: 0.95e9 + 1e6 * b, lambda b: 1.2e9 + 1e6 * b, 1e9, Grid(1, 4096), 2),
+    ("max-bound", lambda b: 1e9 + 1e6 * b, lambda b: 1e9 + 1.01e6 * b, 5e9, Grid(1, 1000), 1),
+    ("nothing-fits", lambda b: 1e12 + b, lambda b: 1e12 + b, 1e9, Grid(1, 4096), 1),
+]
+
+
+def _two_phase(untuned, tuned, budget, grid, width=4, proof_width=2):
+    rounds: list[tuple[str, list[int]]] = []
+
+    def oracle(kind, f, w):
+        def evaluate(points):
+            assert 1 <= len(points) <= w and len(set(points)) == len(points)
+            assert all(p % grid.step == 0 and grid.first <= p <= grid.last for p in points)
+            rounds.append((kind, points))
+            return {p: f(p) - budget for p in points}
+        return evaluate
+
+    cheap = search(oracle("untuned", untuned, width), grid, width=width, leave_open=proof_width - 1)
+    proved = prove(oracle("tuned", tuned, proof_width), grid, cheap, budget, width=proof_width)
+    return cheap, proved, rounds
+
+
+@pytest.mark.parametrize("name,untuned,tuned,budget,grid,max_tuned_rounds", TWO_PHASE, ids=[c[0] for c in TWO_PHASE])
+def test_tuned_proof_finds_the_tuned_boundary(name, untuned, tuned, budget, grid, max_tuned_rounds):
+    cheap, proved, rounds = _two_phase(untuned, tuned, budget, grid)
+    assert proved.answer == true_answer(tuned, budget, grid)
+    tuned_rounds = [points for kind, points in rounds if kind == "tuned"]
+    assert proved.rounds == len(tuned_rounds) <= max_tuned_rounds
+    # The proof stands on tuned points alone, on both sides of the answer.
+    if proved.outcome == "boundary":
+        assert tuned(proved.answer) <= budget < tuned(proved.answer + grid.step)
+        assert {proved.answer, proved.answer + grid.step} <= set(proved.known)
+    elif proved.outcome == "none":
+        assert grid.first in proved.known and tuned(grid.first) > budget
+    else:
+        assert grid.last in proved.known and tuned(grid.last) <= budget
+
+
+def test_tuned_proof_of_a_right_untuned_answer_is_one_round_of_two():
+    cheap, proved, rounds = _two_phase(lambda b: 1e9 + 2.1e8 * b, lambda b: 1e9 + 2.1e8 * b, 5.728e9, Grid(1, 65536))
+    assert [r for r in rounds if r[0] == "tuned"] == [("tuned", [cheap.answer, cheap.answer + 1])]
+    assert proved.answer == cheap.answer == 22
+
+
+def test_tuned_proof_survives_a_pocket_in_the_tuned_curve():
+    """A non-monotone tuned curve (the MLP on the H100): the answer is still a proved boundary."""
+    def tuned(b):
+        return 1e9 + 1e6 * b + (3e8 if 250 <= b <= 260 else 0)
+    cheap, proved, _ = _two_phase(lambda b: 1e9 + 1e6 * b, tuned, 1.3e9, Grid(1, 4096))
+    assert tuned(proved.answer) <= 1.3e9 < tuned(proved.answer + 1)
+
+
+def test_slope_comes_from_points_with_room_and_prior_from_far_points():
+    cheap = {1: -90.0, 2: -80.0, 4: -60.0, 8: -5.0, 9: 1.0, 30: 50.0}
+    assert affine_slope(cheap, 100.0) == pytest.approx(10.0)  # 2 and 4, not 8 (squeezed, near the limit)
+    assert trusted_prior(cheap, 100.0) == {1: -90.0, 2: -80.0, 4: -60.0, 30: 50.0}
+    assert affine_slope({1: -5.0, 2: -4.0}, 100.0) == pytest.approx(1.0)  # no roomy pair: the largest fits
+    assert affine_slope({1: -5.0}, 100.0) is None
+
+
+def test_a_cheap_search_left_open_stops_with_one_point_in_question():
+    calls = []
+
+    def evaluate(points):
+        calls.append(points)
+        return {p: squeezed(p) - 17180 * MiB for p in points}
+
+    result = search(evaluate, Grid(1, 65536), width=4, leave_open=1)
+    full = search(lambda ps: {p: squeezed(p) - 17180 * MiB for p in ps}, Grid(1, 65536), width=4)
+    assert result.outcome == "open" and result.rounds == full.rounds - 1
+    b = Bracket.of(result.known)
+    assert len(Grid(1, 65536).between(b.lo, b.hi)) == 1 and result.answer == b.lo
