@@ -45,7 +45,7 @@ class SearchArgs:
     cache: bool = True
     """Use the answer and compile cache (~/.cache/jaxfit or $JAXFIT_CACHE_DIR); --no-cache compiles afresh."""
     verify: bool = True
-    """On a GPU, compile every round after the first with autotuning on, as the step will run; --no-verify: all untuned (faster, approximate)."""
+    """On a GPU, prove the answer with autotuned compiles (the step as it will run) after searching with untuned ones; --no-verify: the untuned answer (faster, approximate)."""
 
     def options(self, start_timeout: float = 900.0) -> FitOptions:
         """The fit options these flags describe (validated)."""

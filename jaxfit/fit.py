@@ -70,9 +70,9 @@ class FitOptions:
         ``min(4, cpu count)`` on a CPU.
       use_cache: Read and write the SQLite cache.
       cache_path: The cache file (default :func:`jaxfit.cache.default_cache_path`).
-      verify: On a GPU, compile every round after the seed round with autotuning on, as the step
-        will really run (near the limit the untuned program can need far less memory); off: all
-        rounds untuned, about 3x faster per compile but approximate.
+      verify: On a GPU, prove the answer on autotuned compiles (the program as it will really run;
+        near the limit the untuned one can need far less memory) after the search on untuned ones;
+        off: the untuned answer, faster but approximate.
       start_timeout: Seconds to wait for the compile child to be ready: for a script, until its
         first call of the train step (it loads its data and model first).
     """

@@ -125,8 +125,11 @@ def run_trial(example: str, overrides: dict[str, str], fraction: float, batch: i
             "error": " | ".join(tail)[:300], "process_wall_s": round(wall, 3)}
 
 
-def trial_search(example: str, overrides: dict[str, str], fraction: float, log) -> dict:
-    """Double until a trial fails, then bisect (one fresh process per trial)."""
+def trial_search(example: str, overrides: dict[str, str], fraction: float, log, journal: Path | None = None) -> dict:
+    """Double until a trial fails, then bisect (one fresh process per trial).
+
+    Each trial is also appended to ``journal`` as it ends, so a search cut short keeps its trials.
+    """
     from jaxfit.search import Grid, doubling_bisection
 
     trials: list[dict] = []
@@ -134,6 +137,9 @@ def trial_search(example: str, overrides: dict[str, str], fraction: float, log) 
     def evaluate(b: int) -> float:
         record = run_trial(example, overrides, fraction, b)
         trials.append(record)
+        if journal is not None:
+            with journal.open("a") as f:
+                f.write(json.dumps(dict(record, example=example, overrides=overrides, mem_fraction=fraction)) + "\n")
         log(f"    trial batch {b}: {'ok' if record['ok'] else 'FAILED'} ({record['process_wall_s']:.1f} s)")
         return -1.0 if record["ok"] else 1.0
 
@@ -184,7 +190,7 @@ def run_main(args: argparse.Namespace) -> int:
                 log(f"  jaxfit cached: {warm['wall_s']:.2f} s")
             record.update(jaxfit_cold=cold, jaxfit_cached={k: v for k, v in warm.items() if k != "result"})
         if not args.skip_trials:
-            truth = trial_search(example, overrides, fraction, log)
+            truth = trial_search(example, overrides, fraction, log, out_dir / "trials.jsonl")
             record.update(truth)
             log(f"  trials: true max {truth['true_max']} after {truth['trials']} trials, {truth['trial_wall_s']:.1f} s")
         cold = record.get("jaxfit_cold", {})
