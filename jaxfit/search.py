@@ -11,6 +11,11 @@ compile the predicted point *and its neighbour* (one round settles an exact pred
 with points that bracket it (a wrong prediction still halves or better the interval). The peak is
 not affine near the limit (XLA squeezes the step toward it, FACTS.md #2), so a prediction only
 seeds the search; the answer always comes from compiles on both sides of the boundary.
+
+On a GPU there are two oracles: untuned compiles (cheap, and they overlap) and autotuned ones (the
+program that will run; autotuning does not overlap). :func:`search` runs on the cheap one, told to
+stop with one point left in question (``leave_open``), and :func:`prove` settles the boundary on
+the expensive one, two points per round, starting from the cheap answer.
 """
 
 from __future__ import annotations
@@ -420,8 +425,9 @@ def _next_settle_round(grid: Grid, known: Mapping[int, float], prior: Mapping[in
     fits = sorted(x for x, e in known.items() if e <= 0 and x < hi)
     fails = sorted(x for x, e in known.items() if e > 0 and math.isfinite(e) and x > lo)
     step = _step_slope(known, fails if not fits else fits, slope)
-    if step is None or (fits and fails):
-        # Both sides proved by expensive points (or no slope to step by): interpolate and split.
+    if step is None or (fits and fails) or not (fits or fails):
+        # Both sides proved by expensive points, nothing finite to step from (a compile that ran
+        # out of memory), or no slope to step by: interpolate and split.
         return next_round(grid, merged, width)
     if fails:  # only failures so far: step down from the smallest
         x0 = fails[0]

@@ -240,7 +240,7 @@ def table_main(args: argparse.Namespace) -> int:
             f"| {r['workload']} | {r['mem_fraction']} | {_mib(res.get('budget_bytes'))} | {r.get('true_max', '-')} "
             f"| {r.get('trials', '-')} | {r.get('trial_wall_s', '-')} | {res.get('batch_size', 'error')} "
             f"| {res.get('compiles', '-')} | {res.get('rounds', '-')} | {cold['wall_s']:.1f} "
-            f"| {f'{ratio:.2f}' if ratio else '-'} | {r['jaxfit_cached']['wall_s']:.2f} "
+            f"| {f'{ratio:.3f}' if ratio else '-'} | {r['jaxfit_cached']['wall_s']:.2f} "
             f"| {_mib(res.get('peak_bytes'))} | {_mib(at.get('peak_bytes_in_use'))} "
             f"| {'-' if not at else 'no' if at.get('ok') else 'YES'} | {r.get('device', 'NVIDIA H200')} |"
         )

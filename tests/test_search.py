@@ -220,3 +220,16 @@ def test_a_cheap_search_left_open_stops_with_one_point_in_question():
     assert result.outcome == "open" and result.rounds == full.rounds - 1
     b = Bracket.of(result.known)
     assert len(Grid(1, 65536).between(b.lo, b.hi)) == 1 and result.answer == b.lo
+
+
+def test_tuned_proof_when_the_tuned_compile_itself_runs_out_of_memory():
+    """A tuned compile that fails outright (excess inf) gives no slope to step by: bracket instead."""
+    budget = 10e9
+
+    def tuned(b):
+        return math.inf if b >= 85 else 1e9 + 1.2e8 * b
+
+    cheap, proved, rounds = _two_phase(lambda b: 1e9 + 1e8 * b, tuned, budget, Grid(1, 65536))
+    assert cheap.answer == 90
+    assert proved.answer == true_answer(tuned, budget, Grid(1, 65536)) == 75
+    assert all(len(points) <= 2 for kind, points in rounds if kind == "tuned")
