@@ -140,3 +140,11 @@ def test_batches_fitting_above_the_answer_are_reported():
     assert fitting_above(found, 12, tuned_only=True) == [20]  # the untuned 27 proves nothing on a GPU
     assert fitting_above(found, 12, tuned_only=False) == [20, 27]
     assert fitting_above(found, 30, tuned_only=False) == []
+
+
+def test_an_answer_close_to_the_budget_gets_a_headroom_note():
+    from jaxfit.fit import near_budget_note
+
+    assert near_budget_note(17_388_497_252, 18_025_021_440) == ""  # 3.5 % spare (the H100 gpt-small answer)
+    note = near_budget_note(1_481_311_136, 1_505_755_136)  # 1.6 % spare (the H100 ViT-S answer)
+    assert "1.6% of the budget is spare" in note and "--headroom 43.08 MiB" in note
