@@ -25,7 +25,7 @@ from jaxfit.search import Grid, SearchResult, doubling_bisection, search
 from jaxfit.sources import entry_source, example_source
 from jaxfit.workload import Workload, abstractify, from_state
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Candidate", "CompileError", "ConfigError", "DoesNotFitError", "FitOptions", "FitResult", "Grid",
