@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -148,3 +149,31 @@ def test_an_answer_close_to_the_budget_gets_a_headroom_note():
     assert near_budget_note(17_388_497_252, 18_025_021_440) == ""  # 3.5 % spare (the H100 gpt-small answer)
     note = near_budget_note(1_481_311_136, 1_505_755_136)  # 1.6 % spare (the H100 ViT-S answer)
     assert "1.6% of the budget is spare" in note and "--headroom 43.08 MiB" in note
+
+
+def test_gpu_flow_searches_untuned_and_proves_on_tuned_compiles(monkeypatch):
+    """The GPU flow (untuned search, then autotuned proof two at a time) on real CPU compiles that
+    pretend to be an 8 MiB GPU: the CPU compiler ignores the autotuning level, so both curves agree
+    and one proof round must settle the untuned answer."""
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
+    events: list[tuple[str, dict]] = []
+    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
+    result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options, progress=lambda e, d: events.append((e, d)))
+    assert result.device["limit_sensitive"] and result.budget_bytes == 4 * MiB
+    answer = result.batch_size
+    assert peak_in_process("mlp-tiny", answer) == result.peak_bytes <= 4 * MiB < peak_in_process("mlp-tiny", answer + 1)
+    rounds = [d for e, d in events if e == "round"]
+    assert rounds[-1]["autotune"] and rounds[-1]["batches"] == [answer, answer + 1]
+    assert not any(r["autotune"] for r in rounds[:-1]) and all(len(r["batches"]) <= 4 for r in rounds)
+    tuned = sorted(c.batch_size for c in result.candidates if c.autotuned)
+    assert tuned == [answer, answer + 1] and result.rounds == len(rounds)
+
+    untuned = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), dataclasses.replace(options, verify=False))
+    assert untuned.batch_size == answer and not any(c.autotuned for c in untuned.candidates)
+
+
+def test_gpu_flow_nothing_fits_is_proved_tuned(monkeypatch):
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(256 * 1024))
+    options = jaxfit.FitOptions(mem_fraction=0.5, use_cache=False)
+    with pytest.raises(jaxfit.DoesNotFitError, match=r"not even batch 1 fits"):
+        jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)

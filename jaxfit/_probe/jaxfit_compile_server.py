@@ -33,6 +33,10 @@ OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 REPLY_FD_ENV = "JAXFIT_REPLY_FD"
 REQUEST_FD_ENV = "JAXFIT_REQUEST_FD"
 CACHE_PATH_ENV = "JAXFIT_COMPILE_CACHE"
+EMULATE_GPU_ENV = "JAXFIT_EMULATE_GPU_TOTAL"
+"""Tests only: on a CPU, behave as a GPU of this many bytes (a ``bytes_limit`` of the fraction of it,
+``limit_sensitive``), so that the GPU flow of a fit (untuned search, autotuned proof) runs on real
+CPU compiles. The CPU compiler ignores both the limit and the autotuning level."""
 TUNED_LEVEL = os.environ.get("JAXFIT_AUTOTUNE_LEVEL")
 """Experimental: the ``xla_gpu_autotune_level`` of autotuned compiles (unset: XLA's default, 4, as
 the training run itself uses). Levels 1-3 skip buffer re-initialisation and result checking; the
@@ -134,13 +138,19 @@ def device_info() -> Dict[str, Any]:
     except Exception:  # some backends raise instead of returning None
         stats = None
     platform = device.platform
+    bytes_limit = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+    # The GPU compiler squeezes the step toward the allocator limit; the CPU one ignores it.
+    limit_sensitive = platform in ("gpu", "cuda", "rocm")
+    emulated = os.environ.get(EMULATE_GPU_ENV)
+    if emulated and platform == "cpu":
+        fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or 0.75)
+        bytes_limit, limit_sensitive = int(int(emulated) * fraction), True
     return {
         "platform": platform,
         "device_kind": getattr(device, "device_kind", platform),
         "device_count": jax.device_count(),
-        "bytes_limit": int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None,
-        # The GPU compiler squeezes the step toward the allocator limit; the CPU one ignores it.
-        "limit_sensitive": platform in ("gpu", "cuda", "rocm"),
+        "bytes_limit": bytes_limit,
+        "limit_sensitive": limit_sensitive,
         "host_memory_bytes": host_memory_bytes(),
         "jax_version": jax.__version__,
         "python": sys.version.split()[0],
