@@ -231,13 +231,13 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
                 how = "given" if experiment.fraction is not None else "equal share"
                 _notify(progress, f"{name}: the largest batch under fraction {fraction:.2f} ({how})")
                 result = fit_batch(source, dataclasses.replace(options, mem_fraction=fraction), progress=progress)
-                if global_batch is not None and result.batch_size < global_batch:
+                if global_batch is not None:
+                    # Train at the global batch, accumulated over micro-batches of at most the fitted
+                    # batch, compiled to prove it: even when the fitted batch is larger (then without
+                    # accumulation), since the peak need not grow with the batch (an MLP on an H100
+                    # fits at 2473 but not at 2253-2326).
                     steps, result = _fit_accumulated(experiment, options, fraction, result.batch_size, probe_args,
                                                      progress)
-                elif global_batch is not None:
-                    # The fitted batch is larger than asked: train at the global batch (it fits a
-                    # fortiori: peaks grow with the batch) under the same fraction.
-                    result = dataclasses.replace(result, batch_size=global_batch)
         batch, fraction, peak, fitted = result.batch_size, result.mem_fraction, result.peak_bytes, True
         # The fit proved this fraction holds the peak (on a GPU the peak depends on the limit, so
         # a smaller fraction worked out from the peak alone is not proven): the run needs it.

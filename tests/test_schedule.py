@@ -224,3 +224,26 @@ def test_equal_share_and_gpu_selection():
         resolve_gpus(queue, gpus=3, detected=visible)
     with pytest.raises(ConfigError, match="pass --gpus N --device-memory SIZE"):
         resolve_gpus(queue, detected=[])
+
+
+def test_a_global_batch_below_the_fitted_batch_is_compiled_not_assumed(tmp_path, shared_cache):
+    """The fitted micro-batch (2) is larger than the global batch (1): the run trains at 1 without
+    accumulation, and batch 1 itself is compiled under the fraction (peaks need not grow with the
+    batch), not assumed to fit."""
+    queue = _small_queue(tmp_path, f"""
+device_memory: 1GiB
+process_overhead: 0
+experiments:
+  - name: small-global
+    command: {json.dumps(_absolute("python scripts/train.py debug_vit --exp-name=small-global --overwrite"))}
+    fraction: 0.05
+    global_batch: 1
+""")
+    proc = _cli("schedule", str(queue), "--dry-run", "--json", "p.json", "--max-batch", "2", cwd=tmp_path,
+                env=shared_cache)
+    assert proc.returncode == 0, proc.stderr
+    assert "small-global: global batch 1 as 1 x 1" in proc.stdout + proc.stderr  # compiled at 1
+    (run,) = json.loads((tmp_path / "p.json").read_text())["runs"]
+    assert (run["batch_size"], run["grad_accum_steps"], run["mem_fraction"]) == (1, 1, 0.05)
+    assert run["command"][-1] == "--batch-size=1" and not any("--grad-accum-steps" in a for a in run["command"])
+    assert run["fitted"] and 0 < run["peak_bytes"] <= 0.05 * GiB
