@@ -186,6 +186,7 @@ def run_command(
     search: Annotated[SearchArgs, Flat] = SearchArgs(),
     probe: Annotated[ScriptArgs, Flat] = ScriptArgs(),
     batch_size: int | None = None,
+    global_batch: int | None = None,
     wandb_mode: WandbMode | None = None,
     dry_run: bool = False,
     json: str | None = None,
@@ -205,6 +206,7 @@ def run_command(
         search: How to fit.
         probe: How to find the train step.
         batch_size: Run at this batch instead of the largest that fits.
+        global_batch: Keep this many samples per optimizer step: the batch flag gets this value and --grad-accum-steps splits it into micro-batches of at most --batch-size (or the largest that fits), fewest steps first; the accumulated step is compiled to prove it fits (the script must take --grad-accum-steps, as openpi-style scripts and scripts/train.py do).
         wandb_mode: Set WANDB_MODE for the command: online, offline or disabled (default: leave it as it is).
         dry_run: Print the command and environment that would run, and stop.
         json: Write the plan (command, settings, and the fit when there was one) to this file before the command starts.
@@ -217,7 +219,7 @@ def run_command(
         check_writable(json)
     out, progress = _consoles(quiet)
     plan = plan_run(probe.source(), search.options(probe.probe_timeout), batch_size=batch_size,
-                    fraction_given=search.mem_fraction is not None, progress=progress)
+                    fraction_given=search.mem_fraction is not None, global_batch=global_batch, progress=progress)
     err = Console(stderr=True)
     err.print(f"[bold]jaxfit run:[/] {plan.summary()}", highlight=False)
     if json:

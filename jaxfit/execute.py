@@ -5,7 +5,7 @@ The loop (``Scheduler.run``) polls every ``poll_interval`` seconds:
 1. **Ends.** A run that exited 0 is ``done``. One whose log shows it ran out of memory
    (``RESOURCE_EXHAUSTED`` / ``Out of memory``) is started again with more gradient accumulation
    steps, so the same ``--batch-size`` (the global batch) is split into smaller micro-batches
-   (:func:`jaxfit.schedule.next_accumulation`); these retries do not count against ``retries``, and
+   (:func:`jaxfit.accumulation.next_accumulation`); these retries do not count against ``retries``, and
    when no larger accumulation divides the batch the run ``failed``. Any other non-zero exit is a
    crash: it is retried while it has ``retries`` left, then ``failed``.
 2. **Timeouts.** A run past its ``timeout`` gets SIGTERM, and SIGKILL ``grace_seconds`` later; it
@@ -52,7 +52,8 @@ from jaxfit.launchers import LOST, Handle, LaunchSpec, Launcher
 from jaxfit.queue import Queue
 from jaxfit.report import write_json
 from jaxfit.runstate import Attempt, ExperimentRecord, StateStore
-from jaxfit.schedule import ScheduledRun, with_steps, next_accumulation
+from jaxfit.accumulation import next_accumulation, with_steps
+from jaxfit.schedule import ScheduledRun
 
 LOG_OOM_MARKERS = ("OutOfMemoryError",)
 """Text in a failed attempt's log that means it ran out of memory, beyond XLA's own markers

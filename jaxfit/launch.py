@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxfit.accumulation import ACCUM_FLAG, fit_accumulated, with_steps
 from jaxfit.cache import default_cache_path
 from jaxfit.command import batch_value, with_batch
 from jaxfit.compiler import PROBE_DIR
@@ -46,7 +47,9 @@ class RunPlan:
         peak = self.settings.get("predicted_peak_bytes")
         from jaxfit.budget import format_bytes
 
-        return (f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}, batch {self.batch_size} ({how}"
+        steps = int(self.settings.get("grad_accum_steps") or 1)
+        accumulated = f" as {steps} x {self.batch_size // steps}" if steps > 1 else ""
+        return (f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}, batch {self.batch_size}{accumulated} ({how}"
                 + (f", predicted peak {format_bytes(peak)} of {format_bytes(self.settings['budget_bytes'])}" if peak else "")
                 + ")")
 
@@ -84,7 +87,7 @@ def run_settings(fit: FitResult | None, mem_fraction: float, batch_size: int, co
     return settings
 
 
-def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0) -> None:
+def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix: str | None = None) -> None:
     """Fail early when the command would not accept ``flag`` (a script whose flag differs).
 
     A flag already on the command line is accepted by definition; otherwise the command's
@@ -103,12 +106,13 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0) -> N
         raise ConfigError(f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
                           f"check that it takes {flag}; put {flag}=N in the command") from None
     if flag not in proc.stdout + proc.stderr:
-        raise ConfigError(f"the command's --help does not mention {flag}; pass --batch-flag=<its batch flag> "
-                          f"(e.g. --batch-flag=--bs)")
+        raise ConfigError(f"the command's --help does not mention {flag}; "
+                          + (fix or "pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs)"))
 
 
 def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int | None = None,
-             fraction_given: bool = True, progress: Progress | None = None) -> RunPlan:
+             fraction_given: bool = True, global_batch: int | None = None,
+             progress: Progress | None = None) -> RunPlan:
     """Decide the fraction and batch of a training command (fitting what was not given).
 
     Args:
@@ -117,6 +121,10 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
       batch_size: The batch to run at; ``None`` fits the largest.
       fraction_given: Whether the user chose the fraction; with a batch and no fraction, the
         smallest fraction for that batch is fitted.
+      global_batch: Samples per optimizer step to keep: the command runs with the batch flag at
+        this value and ``--grad-accum-steps`` splitting it into micro-batches of at most the given
+        (or fitted) batch; the accumulated step is compiled to prove it fits
+        (:func:`jaxfit.accumulation.fit_accumulated`).
       progress: Fit progress events.
 
     Raises:
@@ -124,6 +132,8 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
     """
     command = list(source.get("run_command") or source["command"])
     check_batch_flag(command, source["batch_flag"])
+    if global_batch is not None:
+        return _plan_accumulated(source, options, command, global_batch, batch_size, fraction_given, progress)
     fit: FitResult | None = None
     if batch_size is None:
         fit = fit_batch(source, options, progress=progress)
@@ -142,6 +152,37 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
     settings = run_settings(fit, fraction, batch, final)
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
     return RunPlan(final, env, fraction, batch, settings, fit)
+
+
+def _plan_accumulated(source: Mapping[str, Any], options: FitOptions, command: list[str], global_batch: int,
+                      batch_size: int | None, fraction_given: bool, progress: Progress | None) -> RunPlan:
+    """:func:`plan_run` with ``--global-batch``: the batch flag at the global batch, accumulated."""
+    devices = visible_device_count()
+    if global_batch < 1 or global_batch % devices:
+        raise ConfigError(f"--global-batch {global_batch} does not divide by the {devices} visible devices; "
+                          f"use a multiple of {devices}")
+    if batch_size is not None and (batch_size < 1 or global_batch % batch_size):
+        raise ConfigError(f"--global-batch {global_batch} is not a multiple of --batch-size {batch_size}; make it "
+                          "one, so that every optimizer step sees the same number of samples")
+    check_batch_flag(command, ACCUM_FLAG, fix="--global-batch needs a script that accumulates gradients with it "
+                                              "(as openpi-style scripts and scripts/train.py do)")
+    hint = "raise --mem-fraction, or leave it out to fit the smallest fraction"
+    fit: FitResult | None = None
+    if batch_size is not None and fraction_given:
+        steps, fraction = global_batch // batch_size, options.resolved_fraction()
+    elif batch_size is not None:
+        steps, fit = fit_accumulated(source, global_batch, options, fraction=None, micro_limit=batch_size,
+                                     progress=progress, hint=hint)
+        fraction = fit.mem_fraction
+    else:
+        fraction = options.resolved_fraction()
+        micro = fit_batch(source, options, progress=progress)
+        steps, fit = fit_accumulated(source, global_batch, options, fraction=fraction,
+                                     micro_limit=micro.batch_size, progress=progress, hint=hint)
+    final = with_batch(list(with_steps(command, global_batch, steps, source["batch_flag"])), ACCUM_FLAG, steps)
+    settings = run_settings(fit, fraction, global_batch, final)
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
+    return RunPlan(final, env, fraction, global_batch, settings, fit)
 
 
 def _settings_file(settings: Mapping[str, Any]) -> Path:

@@ -47,18 +47,14 @@ from typing import Any
 
 from jaxfit import packing
 from jaxfit.budget import format_bytes
-from jaxfit.command import batch_value, with_batch
 from jaxfit.devices import detect_gpus
-from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
-from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction
+from jaxfit.accumulation import BATCH_FLAG, fit_accumulated, with_steps
+from jaxfit.errors import ConfigError, JaxfitError
+from jaxfit.fit import FitOptions, Progress, fit_batch, fit_fraction
 from jaxfit.queue import Experiment, Queue
 from jaxfit.sources import script_source
 
-BATCH_FLAG = "--batch-size"
-"""The batch flag of the queue's commands (set on every planned command): samples per optimizer step."""
-ACCUM_FLAG = "--grad-accum-steps"
-"""The accumulation flag: how many micro-batches one step's batch is split into (as scripts/train.py)."""
-
+QUEUE_HINT = "raise the fraction or use fraction: auto"
 NO_GPU_HINT = "pass --gpus N --device-memory SIZE to plan on N GPUs of SIZE (e.g. --gpus 1 --device-memory 80GiB)"
 
 
@@ -140,64 +136,6 @@ def _notify(progress: Progress | None, text: str) -> None:
         progress("note", {"text": text})
 
 
-def accumulation_choices(global_batch: int, micro_limit: int) -> list[int]:
-    """Accumulation steps ``a`` that split ``global_batch`` evenly into micro-batches of at most
-    ``micro_limit`` samples, fewest steps first (empty when ``micro_limit < 1``)."""
-    if micro_limit < 1:
-        return []
-    return [a for a in range(1, global_batch + 1) if global_batch % a == 0 and global_batch // a <= micro_limit]
-
-
-def next_accumulation(global_batch: int, steps: int) -> int | None:
-    """The next larger accumulation that divides ``global_batch`` (a smaller micro-batch), or None."""
-    for a in range(steps + 1, global_batch + 1):
-        if global_batch % a == 0:
-            return a
-    return None
-
-
-def with_steps(command: Sequence[str], batch: int, steps: int) -> tuple[str, ...]:
-    """``command`` with ``--batch-size=batch`` and, when accumulating or already set, ``--grad-accum-steps``."""
-    out = with_batch(list(command), BATCH_FLAG, batch)
-    if steps > 1 or batch_value(out, ACCUM_FLAG) is not None:
-        out = with_batch(out, ACCUM_FLAG, steps)
-    return tuple(out)
-
-
-def _fit_accumulated(experiment: Experiment, options: FitOptions, fraction: float | None, micro_limit: int,
-                     probe_args: Sequence[str], progress: Progress | None) -> tuple[int, FitResult]:
-    """Find the fewest accumulation steps under which the global batch compiles and fits.
-
-    With a ``fraction`` the step at ``--batch-size=global --grad-accum-steps=a`` is compiled under it
-    (``a`` from :func:`accumulation_choices`, fewest first, until one fits); without, the smallest
-    fraction that holds it is fitted. Accumulation adds a gradient buffer, so a micro-batch that
-    fits alone need not fit accumulated: the compiler decides, not the arithmetic.
-    """
-    assert experiment.global_batch is not None
-    global_batch = experiment.global_batch
-    last: JaxfitError | None = None
-    tried: list[str] = []
-    for steps in accumulation_choices(global_batch, micro_limit)[:4]:
-        tried.append(f"{steps} x {global_batch // steps}")
-        source = script_source(list(experiment.command), batch_flag=BATCH_FLAG,
-                               probe_args=[*probe_args, f"{ACCUM_FLAG}={steps}"])
-        source["command"] = list(with_steps(source["command"], global_batch, steps))
-        _notify(progress, f"{experiment.name}: global batch {global_batch} as {steps} x {global_batch // steps}")
-        if fraction is None:
-            return steps, fit_fraction(source, global_batch, options, progress=progress)
-        exact = dataclasses.replace(options, mem_fraction=fraction, min_batch=global_batch,
-                                    max_batch=global_batch, multiple_of=steps)
-        try:
-            return steps, fit_batch(source, exact, progress=progress)
-        except DoesNotFitError as err:
-            last = err
-    raise ConfigError(
-        f"global_batch {global_batch} does not fit under fraction {fraction:.2f} accumulated as "
-        f"{' or '.join(tried) or 'micro-batches that fit'} (steps x micro-batch)"
-        + (f": {str(last).split(';')[0]}" if last else "") + "; raise the fraction or use fraction: auto"
-    )
-
-
 def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
                  probe_args: Sequence[str], progress: Progress | None) -> tuple[ScheduledRun, packing.Need]:
     """Decide one experiment's batch, accumulation and fraction (fitting what is ``auto``) and its need.
@@ -225,7 +163,9 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
                 result = fit_fraction(source, experiment.batch, options, progress=progress)
             elif experiment.batch is not None:
                 assert global_batch is not None
-                steps, result = _fit_accumulated(experiment, options, None, experiment.batch, probe_args, progress)
+                steps, result = fit_accumulated(source, global_batch, options, fraction=None,
+                                                micro_limit=experiment.batch, progress=progress,
+                                                label=f"{name}: ", hint=QUEUE_HINT)
             else:
                 fraction = experiment.fraction if experiment.fraction is not None else auto_share
                 how = "given" if experiment.fraction is not None else "equal share"
@@ -236,8 +176,9 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
                     # batch, compiled to prove it: even when the fitted batch is larger (then without
                     # accumulation), since the peak need not grow with the batch (an MLP on an H100
                     # fits at 2473 but not at 2253-2326).
-                    steps, result = _fit_accumulated(experiment, options, fraction, result.batch_size, probe_args,
-                                                     progress)
+                    steps, result = fit_accumulated(source, global_batch, options, fraction=fraction,
+                                                    micro_limit=result.batch_size, progress=progress,
+                                                    label=f"{name}: ", hint=QUEUE_HINT)
         batch, fraction, peak, fitted = result.batch_size, result.mem_fraction, result.peak_bytes, True
         # The fit proved this fraction holds the peak (on a GPU the peak depends on the limit, so
         # a smaller fraction worked out from the peak alone is not proven): the run needs it.

@@ -75,6 +75,27 @@ def test_run_with_given_settings_resumes_from_the_checkpoint(tmp_path, run_cli):
     assert "done: 8 steps" in second.stdout
 
 
+def test_run_keeps_a_global_batch_by_accumulating_micro_batches_that_fit(tmp_path, run_cli):
+    """--global-batch 32 with micro-batches of at most 8 (--max-batch): the script trains at
+    --batch-size=32 --grad-accum-steps=4, and that accumulated step was compiled to prove it fits."""
+    proc = run_cli(
+        "run", *SMALL, "--max-batch", "8", "--global-batch", "32", "--json", "plan.json",
+        f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}", "--probe-arg=--overwrite",  # probed twice
+        "--", sys.executable, TRAIN, "debug",
+        "--exp-name=g1", f"--checkpoint-base-dir={tmp_path / 'ck'}", "--no-wandb-enabled", "--num-train-steps=2",
+        "--log-interval=1",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["command"][-2:] == ["--batch-size=32", "--grad-accum-steps=4"]
+    assert plan["batch_size"] == 32 and plan["settings"]["grad_accum_steps"] == 4
+    fit = plan["fit"]
+    assert fit["batch_size"] == 32 and fit["multiple_of"] == 4 and fit["peak_bytes"] <= fit["budget_bytes"]
+    assert [c["batch_size"] for c in fit["candidates"]] == [32]  # the accumulated step itself
+    assert "batch 32 as 4 x 8" in proc.stderr
+    assert "batch_size=32" in proc.stdout and "grad_accum_steps=4" in proc.stdout and "done: 2 steps" in proc.stdout
+
+
 def test_run_returns_the_exit_code_of_the_command(run_cli):
     proc = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug",
                    "--exp-name=x", "--grad-accum-steps=3")
@@ -118,6 +139,10 @@ def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
          "functions it jitted: init, train_step"),
         (["fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step"],
          "the script exited (code 1)"),
+        (["run", "--global-batch", "30", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, TRAIN,
+          "debug", "--exp-name=x"], "--global-batch 30 is not a multiple of --batch-size 8"),
+        (["run", "--global-batch", "16", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable,
+          str(FIXTURES / "mini_train.py")], "--help does not mention --grad-accum-steps; --global-batch needs"),
     ],
 )
 def test_run_and_probe_bad_input(run_cli, args, message):
