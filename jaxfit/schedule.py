@@ -46,9 +46,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from jaxfit import packing
+from jaxfit.accumulation import BATCH_FLAG, fit_accumulated, with_steps
 from jaxfit.budget import format_bytes
 from jaxfit.devices import detect_gpus
-from jaxfit.accumulation import BATCH_FLAG, fit_accumulated, with_steps
 from jaxfit.errors import ConfigError, JaxfitError
 from jaxfit.fit import FitOptions, Progress, fit_batch, fit_fraction
 from jaxfit.queue import Experiment, Queue
