@@ -49,6 +49,12 @@ def with_steps(command: Sequence[str], batch: int, steps: int, batch_flag: str =
     return tuple(out)
 
 
+def accumulated_command(command: Sequence[str], global_batch: int, steps: int,
+                        batch_flag: str = BATCH_FLAG) -> list[str]:
+    """``command`` with ``batch_flag=global_batch`` and ``--grad-accum-steps=steps``, even for 1."""
+    return with_batch(list(with_steps(command, global_batch, steps, batch_flag)), ACCUM_FLAG, steps)
+
+
 def fit_accumulated(source: Mapping[str, Any], global_batch: int, options: FitOptions, *,
                     fraction: float | None, micro_limit: int, progress: Progress | None = None,
                     label: str = "", hint: str = "raise the fraction") -> tuple[int, FitResult]:
@@ -76,8 +82,7 @@ def fit_accumulated(source: Mapping[str, Any], global_batch: int, options: FitOp
     tried: list[str] = []
     for steps in accumulation_choices(global_batch, micro_limit)[:MAX_TRIES]:
         tried.append(f"{steps} x {global_batch // steps}")
-        command = with_batch(list(with_steps(source["command"], global_batch, steps, source["batch_flag"])),
-                             ACCUM_FLAG, steps)
+        command = accumulated_command(source["command"], global_batch, steps, source["batch_flag"])
         accumulated = dict(source, command=command, batch_size=global_batch)
         if progress is not None:
             progress("note", {"text": f"{label}global batch {global_batch} as {steps} x {global_batch // steps}"})

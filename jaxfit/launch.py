@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxfit.accumulation import ACCUM_FLAG, fit_accumulated, with_steps
+from jaxfit.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
 from jaxfit.cache import default_cache_path
 from jaxfit.command import batch_value, with_batch
 from jaxfit.compiler import PROBE_DIR
@@ -139,10 +139,7 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
         fit = fit_batch(source, options, progress=progress)
         batch, fraction = fit.batch_size, fit.mem_fraction
     else:
-        devices = visible_device_count()
-        if batch_size < 1 or batch_size % devices:
-            raise ConfigError(f"--batch-size {batch_size} does not divide by the {devices} visible devices; "
-                              f"use a multiple of {devices}")
+        _check_device_multiple("--batch-size", batch_size)
         if fraction_given:
             batch, fraction = batch_size, options.resolved_fraction()
         else:
@@ -154,13 +151,18 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
     return RunPlan(final, env, fraction, batch, settings, fit)
 
 
+def _check_device_multiple(flag: str, value: int) -> None:
+    """A batch the command shards over every visible device must be a positive multiple of their count."""
+    devices = visible_device_count()
+    if value < 1 or value % devices:
+        raise ConfigError(f"{flag} {value} does not divide by the {devices} visible devices; "
+                          f"use a multiple of {devices}")
+
+
 def _plan_accumulated(source: Mapping[str, Any], options: FitOptions, command: list[str], global_batch: int,
                       batch_size: int | None, fraction_given: bool, progress: Progress | None) -> RunPlan:
     """:func:`plan_run` with ``--global-batch``: the batch flag at the global batch, accumulated."""
-    devices = visible_device_count()
-    if global_batch < 1 or global_batch % devices:
-        raise ConfigError(f"--global-batch {global_batch} does not divide by the {devices} visible devices; "
-                          f"use a multiple of {devices}")
+    _check_device_multiple("--global-batch", global_batch)
     if batch_size is not None and (batch_size < 1 or global_batch % batch_size):
         raise ConfigError(f"--global-batch {global_batch} is not a multiple of --batch-size {batch_size}; make it "
                           "one, so that every optimizer step sees the same number of samples")
@@ -179,7 +181,7 @@ def _plan_accumulated(source: Mapping[str, Any], options: FitOptions, command: l
         micro = fit_batch(source, options, progress=progress)
         steps, fit = fit_accumulated(source, global_batch, options, fraction=fraction,
                                      micro_limit=micro.batch_size, progress=progress, hint=hint)
-    final = with_batch(list(with_steps(command, global_batch, steps, source["batch_flag"])), ACCUM_FLAG, steps)
+    final = accumulated_command(command, global_batch, steps, source["batch_flag"])
     settings = run_settings(fit, fraction, global_batch, final)
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
     return RunPlan(final, env, fraction, global_batch, settings, fit)

@@ -107,7 +107,19 @@ def _signal_group(pid: int | None, sig: int) -> None:
         pass
 
 
-class LocalHandle:
+class _GroupSignals:
+    """``terminate`` and ``kill`` of a handle whose ``pid`` leads the attempt's process group."""
+
+    pid: int | None
+
+    def terminate(self) -> None:
+        _signal_group(self.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        _signal_group(self.pid, signal.SIGKILL)
+
+
+class LocalHandle(_GroupSignals):
     """An attempt started by this scheduler (a child process)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], status_path: str) -> None:
@@ -122,12 +134,6 @@ class LocalHandle:
         recorded = read_status(self.status_path)
         # The runner returns 128+n for a command killed by signal n; its file keeps the -n.
         return recorded if recorded is not None else code
-
-    def terminate(self) -> None:
-        _signal_group(self.pid, signal.SIGTERM)
-
-    def kill(self) -> None:
-        _signal_group(self.pid, signal.SIGKILL)
 
 
 def _is_runner(pid: int, status_path: str) -> bool:
@@ -146,7 +152,7 @@ def _is_runner(pid: int, status_path: str) -> bool:
     return os.fsencode(status_path) in args and any(a.endswith(b"jaxfit_runner.py") for a in args)
 
 
-class AdoptedHandle:
+class AdoptedHandle(_GroupSignals):
     """An attempt started by an earlier scheduler that was killed; watched through its pid."""
 
     def __init__(self, pid: int, status_path: str) -> None:
@@ -161,12 +167,6 @@ class AdoptedHandle:
             return None
         recorded = read_status(self.status_path)  # it may have ended between the two reads
         return recorded if recorded is not None else LOST
-
-    def terminate(self) -> None:
-        _signal_group(self.pid, signal.SIGTERM)
-
-    def kill(self) -> None:
-        _signal_group(self.pid, signal.SIGKILL)
 
 
 LOST = -1000

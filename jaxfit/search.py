@@ -411,11 +411,8 @@ def _next_settle_round(grid: Grid, known: Mapping[int, float], prior: Mapping[in
     if outcome is not None:
         b = Bracket.of(merged)
         ends = {"none": [grid.first], "max": [grid.last], "boundary": [b.lo, b.hi]}[outcome]
-        missing = [x for x in ends if x is not None and x not in known]
-        if missing:
-            return missing
-        if settled(grid, known) is not None:
-            return []
+        # Settled once the ends are expensive points too (then ``known`` alone settles it).
+        return [x for x in ends if x is not None and x not in known]
     b = Bracket.of(merged)
     lo = b.lo if b.lo is not None else grid.first - grid.step
     hi = b.hi if b.hi is not None else grid.last + grid.step
