@@ -227,7 +227,12 @@ def run_command(
     if dry_run:
         out.print(plan.describe(), highlight=False, soft_wrap=True)
         return 0
-    return execute(plan, wandb_mode=wandb_mode)
+    outcome = execute(plan, wandb_mode=wandb_mode)
+    err.print(f"[bold]jaxfit run:[/] exit code {outcome.exit_code}; {outcome.summary()}", highlight=False)
+    if json:
+        write_json(json, dict(plan.to_dict(), run=outcome.to_dict(), program_pinned=outcome.program_pinned,
+                              pinned_peak_bytes=outcome.pinned_peak_bytes))
+    return outcome.exit_code
 
 
 @app.command(name="examples")

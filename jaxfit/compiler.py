@@ -65,11 +65,23 @@ class CompileOutcome:
 
 
 PROBE_DIR = str(Path(__file__).resolve().parent / "_probe")
+DEFAULT_STEP_NAME = "train_step"
+"""The train step's name when ``--step-name`` is not given (then a step-like function is found too)."""
+HOOK_VARIABLES = ("JAXFIT_HOOK_OWNER", "JAXFIT_PIN", "JAXFIT_PIN_REPORT", "JAXFIT_PIN_STEP_NAME",
+                  "JAXFIT_WANDB_CONFIG", "JAXFIT_PROBE_STEP_NAME", "JAXFIT_PROBE_STEP_AUTO",
+                  "JAXFIT_PROBE_BATCH_SIZE", "JAXFIT_PROBE_BATCH_ARG")
+"""Variables of the start-up hook: set only for the process they are meant for, never inherited."""
+
+
+def hooked_pythonpath() -> str:
+    """PYTHONPATH with the start-up hook's folder first (``sitecustomize`` is imported from there)."""
+    path = os.environ.get("PYTHONPATH")
+    return PROBE_DIR + (os.pathsep + path if path else "")
 
 
 def child_environment(mem_fraction: float, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a compile child: the target fraction, preallocation off."""
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
     env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{mem_fraction:.6g}"
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -88,12 +100,13 @@ def launch_for(source: Mapping[str, Any], python: str = sys.executable) -> tuple
     """
     if source.get("kind") != "script":
         return [python, "-m", "jaxfit.worker"], {"JAXFIT_WORKLOAD_SOURCE": json.dumps(dict(source))}, None
-    path = os.environ.get("PYTHONPATH")
     extra = {
-        "PYTHONPATH": PROBE_DIR + (os.pathsep + path if path else ""),
-        "JAXFIT_PROBE_STEP_NAME": source["step_name"],
+        "PYTHONPATH": hooked_pythonpath(),
+        "JAXFIT_PROBE_STEP_NAME": source.get("step_name") or DEFAULT_STEP_NAME,
         "WANDB_MODE": "disabled",  # the probe never trains, so it must not create a tracked run
     }
+    if not source.get("step_name"):
+        extra["JAXFIT_PROBE_STEP_AUTO"] = "1"
     if source.get("batch_size"):
         extra["JAXFIT_PROBE_BATCH_SIZE"] = str(source["batch_size"])
     if source.get("batch_arg") is not None:
@@ -133,6 +146,7 @@ class CompileChild:
         self._proc: subprocess.Popen[bytes] | None = None
         self._requests: Any = None
         self.jitted_names: list[str] = []
+        self.called: dict[str, int] = {}  # jitted function -> calls seen (a probed script)
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._log: collections.deque[str] = collections.deque(maxlen=60)
         self._next_id = 0
@@ -226,8 +240,15 @@ class CompileChild:
                 self._log.append(line.rstrip())
 
     def log_tail(self, lines: int = 12) -> str:
-        """The last lines the child printed (its stderr and stdout)."""
-        return "\n".join(list(self._log)[-lines:])
+        """The last lines the child printed (its stderr and stdout); when none of them says what went
+        wrong, the last line that does (an ``error`` line) comes first."""
+        log = list(self._log)
+        tail = log[-lines:]
+        if not any("error" in line.lower() for line in tail):
+            earlier = [line for line in log[:-lines] if "error" in line.lower()]
+            if earlier:
+                tail = [earlier[-1], "..."] + tail
+        return "\n".join(tail)
 
     def _receive(self, timeout: float, doing: str) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -251,6 +272,9 @@ class CompileChild:
             if reply.get("op") == "jit_seen":
                 self.jitted_names.append(str(reply.get("name")))
                 continue
+            if reply.get("op") == "jit_called":
+                self.called[str(reply.get("name"))] = int(reply.get("count") or 1)
+                continue
             return reply
 
     def _send(self, message: dict[str, Any]) -> None:
@@ -259,15 +283,29 @@ class CompileChild:
         self._requests.flush()
 
     def _seen_note(self) -> str:
+        """What the probed script jitted and called: the functions it called first (with how often),
+        then those it only jitted."""
         if self.source.get("kind") != "script":
             return ""
         if not self.jitted_names:
             return " (it jitted no function before that)"
-        return f" (functions it jitted: {', '.join(self.jitted_names[:12])})"
+        called = sorted(self.called.items(), key=lambda kv: -kv[1])
+        only_jitted = [n for n in self.jitted_names if n not in self.called]
+        parts = []
+        if called:
+            parts.append("jitted functions it called (times, at least): "
+                         + ", ".join(f"{name} ({count})" for name, count in called[:12]))
+        if only_jitted:
+            more = f" and {len(only_jitted) - 12} more" if len(only_jitted) > 12 else ""
+            parts.append("jitted but not called: " + ", ".join(only_jitted[:12]) + more)
+        return f" ({'; '.join(parts)})"
 
     def _start_doing(self) -> str:
         if self.source.get("kind") == "script":
-            return f"reach the first call of the jitted function {self.source['step_name']!r} in the script"
+            name = self.source.get("step_name")
+            if name:
+                return f"reach the first call of the jitted function {name!r} in the script"
+            return "reach the first call of the script's train step (train_step, or a jitted function that looks like one)"
         return "start the compile child"
 
     # -- requests -------------------------------------------------------------------------
@@ -310,6 +348,18 @@ class CompileChild:
             results[outcome.batch_size] = outcome
             if on_result:
                 on_result(outcome)
+
+    def pin(self, batch: int, path: str, timeout: float = 3600.0) -> dict[str, Any]:
+        """Write the program that was compiled at ``batch`` (as training compiles it) to ``path``.
+
+        Returns the child's answer: ``ok``, ``fingerprint``, ``memory`` of the program written,
+        ``recompiled`` (it had to be compiled again), ``xla_flags``, or ``error``.
+        """
+        self._send({"op": "pin", "batch": batch, "path": path})
+        while True:
+            reply = self._receive(timeout, f"write the program of batch {batch}")
+            if reply.get("op") == "pinned":
+                return reply
 
     def process_overhead(self) -> dict[str, Any]:
         """Measure the device memory the child holds outside the XLA pool (GPU only)."""

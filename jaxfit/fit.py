@@ -24,6 +24,8 @@ from jaxfit import budget as budget_mod
 from jaxfit.cache import AnswerCache, default_cache_path
 from jaxfit.compiler import CompileChild, CompileOutcome, DeviceInfo
 from jaxfit.errors import CompileError, ConfigError, DoesNotFitError
+from jaxfit.pin import Pin, discard_pin, pin_answer, rehome
+from jaxfit.pin import find as find_pin
 from jaxfit.search import Grid, prove, search
 from jaxfit.sources import source_identity
 
@@ -161,6 +163,10 @@ class FitResult:
         ``None`` when it could not be measured), which co-located processes must add.
       cached: Whether the answer came from the answer cache.
       message: One line for people.
+      pin: The proven program, stored for the training process (:mod:`jaxfit.pin`): its
+        ``path`` (``pin.json``), ``step_name``, ``batch_size``, ``peak_bytes``... ``None`` when it
+        could not be stored (``pin_note`` says why).
+      pin_note: Why the program is not pinned, or a remark on the pin; ``None`` when all is well.
     """
 
     mode: str
@@ -183,15 +189,31 @@ class FitResult:
     cached: bool = False
     message: str = ""
     jaxfit_version: str = dataclasses.field(default_factory=jaxfit_version)
+    pin: dict[str, Any] | None = None
+    pin_note: str | None = None
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the proven program is stored for the training process."""
+        return self.pin is not None
+
+    def run_env(self) -> dict[str, str]:
+        """The environment that runs the proven program in a user's own shell
+        (:func:`jaxfit.pin.run_environment`); prepend its PYTHONPATH to your own."""
+        from jaxfit.pin import Pin, run_environment
+
+        return run_environment(Pin.from_dict(self.pin) if self.pin else None, self.mem_fraction)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the documented ``--json`` object)."""
-        return dataclasses.asdict(self)
+        """A JSON-ready dict (the documented ``--json`` object), with ``env`` (:meth:`run_env`)."""
+        data = dataclasses.asdict(self)
+        data["env"] = self.run_env()
+        return data
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FitResult:
         fields = {f.name for f in dataclasses.fields(cls)}
-        data = {k: v for k, v in d.items() if k in fields}
+        data = {k: v for k, v in d.items() if k in fields}  # ``env`` is derived, not stored
         data["candidates"] = [Candidate(**c) for c in d["candidates"]]
         return cls(**data)
 
@@ -247,8 +269,8 @@ def near_budget_note(peak_bytes: int, budget_bytes: int) -> str:
     spare = (budget_bytes - peak_bytes) / budget_bytes
     if spare >= NEAR_BUDGET:
         return ""
-    return (f"; note: only {spare:.1%} of the budget is spare, and autotuning in the training process can "
-            f"pick kernels that need more (measured: 2.5% more near the limit); --headroom "
+    return (f"; note: only {spare:.1%} of the budget is spare and the program is not pinned, so autotuning in the "
+            f"training process can pick kernels that need more (measured: 2.5% more near the limit); --headroom "
             f"{budget_mod.format_bytes(int(NEAR_BUDGET * budget_bytes))} keeps a margin")
 
 
@@ -276,6 +298,8 @@ def _cached_answer(options: FitOptions, question: Mapping[str, Any], source: Map
     if hit is None:
         return key, None
     result = FitResult.from_dict(hit)
+    if find_pin(key) is None:  # its proven program is gone (pruned, or never stored): fit again to pin one
+        return key, None
     return key, dataclasses.replace(result, cached=True, wall_seconds=round(time.perf_counter() - start, 3))
 
 
@@ -453,6 +477,9 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
         answer = found.answer
         final = outcomes[answer]
         neighbour = outcomes.get(answer + grid.step)
+        assert final.memory is not None
+        pin, pin_note = pin_answer(child, answer, key=key, info=info, proven=final.memory, budget_bytes=budget,
+                                   limit_bytes=limit, mem_fraction=fraction)
         overhead = child.process_overhead() if info.limit_sensitive else {"bytes": 0, "method": "not a GPU"}
     finally:
         child.close()
@@ -470,7 +497,8 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
         + (f"; --max-batch {grid.last} reached, larger batches may fit too" if outcome == "max" else "")
         + (f"; note: batch {', '.join(map(str, above))} also compiled to fit (the peak is not monotone in the "
            "batch here; one boundary is proved, not every pocket)" if above else "")
-        + (near_budget_note(final.memory.peak_bytes, budget) if info.limit_sensitive and options.verify else "")
+        + (near_budget_note(final.memory.peak_bytes, budget) if info.limit_sensitive and pin is None else "")
+        + (f"; {pin_note}" if pin_note else "")
     )
     result = FitResult(
         mode="batch", batch_size=answer, multiple_of=grid.step, mem_fraction=fraction, limit_bytes=limit,
@@ -479,6 +507,7 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
         compiles=compiles, rounds=rounds, wall_seconds=round(time.perf_counter() - start, 3),
         candidates=candidates, process_overhead_bytes=overhead.get("bytes"),
         process_overhead_method=overhead.get("method"), message=message,
+        pin=pin.to_dict() if pin else None, pin_note=pin_note,
     )
     _store_answer(options, key, result)
     _notify(progress, "done", result=result)
@@ -516,6 +545,8 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
     cache_path = options.cache_file() if options.use_cache else None
 
     # A first child under the whole device: the least-squeezed peak, the device, the overhead.
+    pins: dict[int, Pin | None] = {}  # fraction units -> the program compiled there, written
+    notes: dict[int, str | None] = {}
     with CompileChild(source, 1.0, cache_path=cache_path, start_timeout=options.start_timeout) as child:
         info = child.info
         assert info is not None
@@ -533,6 +564,13 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
             _raise_compile_error(full)
         overhead = child.process_overhead() if info.limit_sensitive else {"bytes": 0, "method": "not a GPU"}
         workload_info = child.workload_info
+        if not info.limit_sensitive and full.memory is not None:
+            # The CPU compiler ignores the limit: this program is the answer at any fraction.
+            units = min(FRACTION_STEPS, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS
+                                                  / total - 1e-9))
+            pins[units], notes[units] = pin_answer(
+                child, batch_size, key=key, info=info, proven=full.memory, budget_bytes=int(total * units / FRACTION_STEPS)
+                - options.headroom_bytes, limit_bytes=int(total * units / FRACTION_STEPS), mem_fraction=units / FRACTION_STEPS)
 
     def limit_of(units: int) -> int:
         return int(total * units / FRACTION_STEPS)
@@ -565,13 +603,15 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
             fractions = [u / FRACTION_STEPS for u in units_list]
             _notify(progress, "round", round=rounds, fractions=fractions, autotune=autotune)
             answers = _compile_under_fractions(source, batch_size, fractions, total, gpu_total, cache_path, autotune,
-                                               options.start_timeout)
-            for u, (outcome, limit) in zip(units_list, answers):
+                                               options.start_timeout, key=key, headroom=options.headroom_bytes)
+            for u, (outcome, limit, pinned, note) in zip(units_list, answers):
                 if outcome.memory is None and not outcome.oom:
                     _raise_compile_error(outcome)
                 compiles += 0 if outcome.cached else 1
                 _notify(progress, "compiled", outcome=outcome, budget=budget_at(limit), fraction=u / FRACTION_STEPS)
-            return dict(zip(units_list, answers))
+                discard_pin(pins.get(u))
+                pins[u], notes[u] = pinned, note
+            return {u: (outcome, limit) for u, (outcome, limit, _, _) in zip(units_list, answers)}
 
         def excess(outcome: CompileOutcome, limit: int) -> float:
             return math.inf if outcome.memory is None else outcome.memory.peak_bytes - budget_at(limit)
@@ -594,6 +634,7 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
         chosen = outcomes.get(units)
         if chosen is None:  # the answer is the whole device, compiled first
             peak, limit = full.memory.peak_bytes, total
+            notes[units] = "not pinned: the answer is the whole device, compiled untuned (--no-verify)"
         else:
             assert chosen[0].memory is not None
             peak, limit = chosen[0].memory.peak_bytes, chosen[1]
@@ -601,6 +642,9 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
             o, lim = outcomes[u]
             candidates.append(Candidate.of(o, budget_at(lim), mem_fraction=u / FRACTION_STEPS, limit_bytes=lim))
 
+    pin, pin_note = rehome(pins.pop(units, None), key), notes.get(units)
+    for other in pins.values():
+        discard_pin(other)
     fraction = units / FRACTION_STEPS
     overhead_bytes = overhead.get("bytes")
     message = (
@@ -608,6 +652,7 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
         f"a limit of {budget_mod.format_bytes(limit)}"
         + (f"; add {budget_mod.format_bytes(overhead_bytes)} per process outside the pool when sharing a GPU"
            if overhead_bytes else "")
+        + (f"; {pin_note}" if pin_note else "")
     )
     result = FitResult(
         mode="fraction", batch_size=batch_size, multiple_of=1, mem_fraction=fraction, limit_bytes=limit,
@@ -615,6 +660,7 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
         outcome="fraction", device=_device_dict(info, total), workload=workload_info, compiles=compiles,
         rounds=rounds, wall_seconds=round(time.perf_counter() - start, 3), candidates=candidates,
         process_overhead_bytes=overhead_bytes, process_overhead_method=overhead.get("method"), message=message,
+        pin=pin.to_dict() if pin else None, pin_note=pin_note,
     )
     _store_answer(options, key, result)
     _notify(progress, "done", result=result)
@@ -622,17 +668,24 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
 
 
 def _compile_under_fractions(source: Mapping[str, Any], batch_size: int, fractions: list[float], total: int,
-                             gpu_total: int | None, cache_path: str | None,
-                             autotune: bool, start_timeout: float) -> list[tuple[CompileOutcome, int]]:
-    """Compile ``batch_size`` once under each fraction of ``total``, one child each, concurrently."""
+                             gpu_total: int | None, cache_path: str | None, autotune: bool, start_timeout: float, *,
+                             key: str | None, headroom: int) -> list[tuple[CompileOutcome, int, Pin | None, str | None]]:
+    """Compile ``batch_size`` once under each fraction of ``total``, one child each, concurrently; each
+    child also writes its program as a pin (the one of the answer is kept, the others discarded)."""
     import concurrent.futures
 
-    def one(fraction: float) -> tuple[CompileOutcome, int]:
+    def one(fraction: float) -> tuple[CompileOutcome, int, Pin | None, str | None]:
         child_fraction = fraction * total / gpu_total if gpu_total else fraction
         with CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=start_timeout) as child:
             assert child.info is not None
             limit = int(child.info.bytes_limit) if child.info.bytes_limit else int(fraction * total)
-            return child.compile([batch_size], autotune=autotune)[batch_size], limit
+            outcome = child.compile([batch_size], autotune=autotune)[batch_size]
+            pin, note = None, None
+            if outcome.memory is not None and outcome.memory.peak_bytes <= limit - headroom:
+                pin, note = pin_answer(child, batch_size, key=f"{key}-{round(fraction * 100)}" if key else None,
+                                       info=child.info, proven=outcome.memory, budget_bytes=limit - headroom,
+                                       limit_bytes=limit, mem_fraction=fraction)
+            return outcome, limit, pin, note
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(fractions)) as pool:
         return list(pool.map(one, fractions))

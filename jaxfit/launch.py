@@ -15,10 +15,11 @@ from typing import Any
 from jaxfit.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
 from jaxfit.cache import default_cache_path
 from jaxfit.command import batch_value, with_batch
-from jaxfit.compiler import PROBE_DIR
+from jaxfit.compiler import HOOK_VARIABLES, hooked_pythonpath
 from jaxfit.devices import visible_device_count
 from jaxfit.errors import ConfigError
 from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction, jaxfit_version
+from jaxfit.pin import Pin, hook_environment, read_report
 from jaxfit.report import write_json
 
 
@@ -33,6 +34,7 @@ class RunPlan:
       batch_size: The batch it runs at.
       settings: What reaches its wandb config under the key ``jaxfit``.
       fit: The fit that chose them (``None`` when both were given).
+      step_name: The jitted train step the start-up hook pins (the probe's, or ``--step-name``).
     """
 
     command: list[str]
@@ -41,6 +43,12 @@ class RunPlan:
     batch_size: int
     settings: dict[str, Any]
     fit: FitResult | None
+    step_name: str | None = None
+
+    @property
+    def pin(self) -> Pin | None:
+        """The proven program the run loads (None when nothing was fitted, or it could not be stored)."""
+        return Pin.from_dict(self.fit.pin) if self.fit is not None and self.fit.pin else None
 
     def summary(self) -> str:
         how = "fitted" if self.fit else "as given"
@@ -49,14 +57,21 @@ class RunPlan:
 
         steps = int(self.settings.get("grad_accum_steps") or 1)
         accumulated = f" as {steps} x {self.batch_size // steps}" if steps > 1 else ""
+        if self.pin is not None:
+            pinned = "; the proven program is pinned"
+        elif self.fit is not None:
+            pinned = f"; {self.fit.pin_note or 'not pinned'}"
+        else:
+            pinned = "; not pinned: nothing was fitted"
         return (f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}, batch {self.batch_size}{accumulated} ({how}"
                 + (f", predicted peak {format_bytes(peak)} of {format_bytes(self.settings['budget_bytes'])}" if peak else "")
-                + ")")
+                + f"){pinned}")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: the command, its environment, the settings and the fit."""
+        """A JSON-ready dict: the command, its environment, the settings, the pin and the fit."""
         return {"command": self.command, "env": self.env, "mem_fraction": self.mem_fraction,
                 "batch_size": self.batch_size, "settings": self.settings,
+                "pin": self.pin.to_dict() if self.pin else None,
                 "fit": self.fit.to_dict() if self.fit else None}
 
     def describe(self) -> str:
@@ -187,26 +202,77 @@ def _plan_accumulated(source: Mapping[str, Any], options: FitOptions, command: l
     return RunPlan(final, env, fraction, global_batch, settings, fit)
 
 
-def _settings_file(settings: Mapping[str, Any]) -> Path:
-    """Keep the settings of this run on disk (the wandb hook reads them; users may too)."""
+def _run_files(settings: Mapping[str, Any]) -> tuple[Path, Path]:
+    """Keep the settings of this run on disk (the wandb hook reads them; users may too), and name
+    the file the start-up hook reports the pinned program to."""
     folder = default_cache_path().parent / "runs"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
+    stem = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path = Path(f"{stem}.json")
     write_json(path, settings)
-    return path
+    return path, Path(f"{stem}.pin-report.json")
 
 
-def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> int:
-    """Run the planned command; stream its output, forward Ctrl-C and SIGTERM, return its exit code.
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """How ``jaxfit run``'s command went.
+
+    Attributes:
+      exit_code: The command's exit code (128 + n when killed by signal n).
+      program_pinned: Whether the train step ran the program the fit proved.
+      pinned_peak_bytes: That program's compiled peak (None when nothing is pinned).
+      program_peak_bytes: The peak of the program the step ran (the pinned one, or its own compile).
+      reason: Why it is not the pinned program, when it is not.
+      stopped: Whether jaxfit's guard stopped it before its first step (its own program did not fit).
+    """
+
+    exit_code: int
+    program_pinned: bool
+    pinned_peak_bytes: int | None
+    program_peak_bytes: int | None
+    reason: str | None
+    stopped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """One line for people."""
+        from jaxfit.budget import format_bytes
+
+        if self.program_pinned:
+            return f"the train step ran the proven program (peak {format_bytes(self.pinned_peak_bytes)})"
+        if self.stopped:
+            return (f"stopped before its first step: its own program needs {format_bytes(self.program_peak_bytes)}, "
+                    f"over the budget ({self.reason})")
+        return f"not pinned: {self.reason}" + (f" (its own program: peak {format_bytes(self.program_peak_bytes)})"
+                                               if self.program_peak_bytes else "")
+
+
+def outcome_of(exit_code: int, plan_pin: Pin | None, report: Mapping[str, Any] | None, *,
+               not_pinned: str | None) -> RunOutcome:
+    """A run's :class:`RunOutcome` from the hook's report (``jaxfit.pin.read_report``)."""
+    if report is None:
+        reason = not_pinned or ("the train step was never called" if plan_pin is not None else "nothing was pinned")
+        return RunOutcome(exit_code, False, plan_pin.peak_bytes if plan_pin else None, None, reason)
+    return RunOutcome(exit_code, bool(report.get("program_pinned")), report.get("pinned_peak_bytes"),
+                      report.get("program_peak_bytes"), report.get("reason"), bool(report.get("stopped")))
+
+
+def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> RunOutcome:
+    """Run the planned command; stream its output, forward Ctrl-C and SIGTERM; say how it went.
 
     The command runs in its own process session, so a signal jaxfit forwards reaches all of it
-    (data-loader workers included), and it is never left running when jaxfit ends.
+    (data-loader workers included), and it is never left running when jaxfit ends. The start-up
+    hook loads the pinned program at the step's first call (or checks the step's own against the
+    budget) and reports it (:mod:`jaxfit._probe.jaxfit_pin`).
     """
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
     env.update(plan.env)
-    env["JAXFIT_WANDB_CONFIG"] = str(_settings_file(plan.settings))
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = PROBE_DIR + (os.pathsep + path if path else "")
+    settings_path, report_path = _run_files(plan.settings)
+    env["JAXFIT_WANDB_CONFIG"] = str(settings_path)
+    env.update(hook_environment(plan.pin, str(report_path)))
+    env["PYTHONPATH"] = hooked_pythonpath()
     if wandb_mode:
         env["WANDB_MODE"] = wandb_mode
     try:
@@ -229,4 +295,14 @@ def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> int:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return code if code >= 0 else 128 - code
+        try:  # what the command started (data-loader workers) ends with it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    report = read_report(report_path)
+    try:
+        report_path.unlink()
+    except OSError:
+        pass
+    not_pinned = None if plan.pin else (plan.fit.pin_note if plan.fit else "nothing was fitted")
+    return outcome_of(code if code >= 0 else 128 - code, plan.pin, report, not_pinned=not_pinned)

@@ -25,8 +25,9 @@ def main() -> int:
         from jaxfit.sources import build_workload
 
         workload = build_workload(json.loads(os.environ[SOURCE_ENV]))
+        description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))
         server = server_mod.Server(
-            workload.lower, replies, {"name": workload.name, "description": dict(workload.description)},
+            workload.lower, replies, {"name": workload.name, "description": description},
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
         )
     except Exception as e:

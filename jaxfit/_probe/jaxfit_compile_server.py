@@ -9,15 +9,23 @@ Protocol (both directions one JSON object per line):
 
 - requests arrive on the file descriptor ``$JAXFIT_REQUEST_FD`` (stdin if unset):
   ``{"op": "compile", "id": n, "batches": [..], "autotune": bool, "threads": k}``,
-  ``{"op": "overhead"}``, ``{"op": "quit"}``;
+  ``{"op": "pin", "batch": b, "path": file}``, ``{"op": "overhead"}``, ``{"op": "quit"}``;
 - replies leave on ``$JAXFIT_REPLY_FD``: first ``{"op": "ready", "info": {...}}`` (or
   ``{"op": "error", ...}``), then ``{"op": "result", ...}`` per compile and ``{"op": "done"}`` per
-  request, and ``{"op": "overhead", ...}``.
+  request, ``{"op": "pinned", ...}`` and ``{"op": "overhead", ...}``.
+
+Compiles never use JAX's persistent compilation cache (:func:`persistent_cache_off`): a program
+served from it can report the wrong aliasing (jax 0.5.3 said ``alias_size_in_bytes = 0`` for a
+donated state, docs/facts.md #12), and a probe must not fill a script's own cache with candidate
+programs. The executables of the last compiles are kept, so that ``pin`` can hand the very program
+that proved an answer to the training process (:mod:`jaxfit_pin`).
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
@@ -27,7 +35,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Optional, TextIO
+from typing import Any, Callable, Dict, Iterator, Optional, TextIO
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 REPLY_FD_ENV = "JAXFIT_REPLY_FD"
@@ -60,6 +68,70 @@ def host_memory_bytes() -> int:
         except OSError:
             pass
     return total
+
+
+KEPT_EXECUTABLES = 8
+"""Compiled programs a server keeps for ``pin`` (the latest compile of each batch, most recent first)."""
+
+
+def set_persistent_cache(enabled: bool) -> Optional[bool]:
+    """Turn JAX's persistent compilation cache on or off for this process; returns the old setting.
+
+    JAX decides once per process whether the cache is used, so the decision is reset too
+    (``jax.experimental.compilation_cache.compilation_cache.reset_cache``, jax 0.4.26+; without it,
+    the flag alone works while nothing has compiled yet). ``None``: this jax has no such cache.
+    """
+    import jax
+
+    try:
+        was = bool(jax.config.jax_enable_compilation_cache)
+    except AttributeError:
+        return None
+    if was != enabled:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        try:
+            from jax.experimental.compilation_cache import compilation_cache as cc
+
+            cc.reset_cache()
+        except Exception:
+            pass
+    return was
+
+
+@contextlib.contextmanager
+def persistent_cache_off() -> Iterator[None]:
+    """Compile without JAX's persistent compilation cache (no read, no write), then restore it.
+    One thread at a time: the setting is the process's."""
+    was = set_persistent_cache(False)
+    try:
+        yield
+    finally:
+        if was:
+            set_persistent_cache(True)
+
+
+def function_name(fun: Any) -> str:
+    """The name of a function, looking through ``functools.partial`` and wrappers: what a jitted
+    step is known by (``jax.jit(functools.partial(train_step, config))`` is ``train_step``)."""
+    import functools
+
+    for _ in range(16):
+        if isinstance(fun, functools.partial):
+            fun = fun.func
+        elif hasattr(fun, "__wrapped__"):
+            fun = fun.__wrapped__
+        else:
+            break
+    return getattr(fun, "__name__", None) or type(fun).__name__
+
+
+def program_fingerprint(lowered: Any) -> str:
+    """The identity of a lowered program: the SHA-256 of its StableHLO text.
+
+    The same jitted function on the same shapes, dtypes, shardings and donation lowers to the same
+    text in any process; a changed config value, flag of the step or jax version changes it.
+    """
+    return hashlib.sha256(lowered.as_text().encode()).hexdigest()
 
 
 def memory_of(compiled: Any) -> Dict[str, Any]:
@@ -181,9 +253,13 @@ class Server:
         self.replies = replies
         self.workload = workload
         self.info = device_info()
+        set_persistent_cache(False)  # this process only compiles (and never trains): for good
         self.cache = CompileCache(cache_path) if cache_path else None
         self._reply_lock = threading.Lock()
         self._lower_lock = threading.Lock()  # tracing is cheap and not guaranteed thread-safe
+        # batch -> (fingerprint, compiled, memory) of the latest compile with the options training uses
+        self._kept: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
+        self._kept_lock = threading.Lock()
 
     def send(self, message: Dict[str, Any]) -> None:
         with self._reply_lock:
@@ -210,7 +286,7 @@ class Server:
         try:
             with self._lower_lock:
                 lowered = self.lower(batch)
-                fingerprint = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+                fingerprint = program_fingerprint(lowered)
             options: Dict[str, Any] = {}
             if self.info["limit_sensitive"] and not autotune:
                 options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (FACTS.md #6)
@@ -223,6 +299,8 @@ class Server:
                         "compile_s": time.perf_counter() - start, "fingerprint": fingerprint}
             compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
             memory = memory_of(compiled)
+            if not options:  # the program as training compiles it: keep it for ``pin``
+                self._keep(batch, fingerprint, compiled, memory)
             if self.cache is not None:
                 self.cache.put(key, memory)
             return {"batch": batch, "ok": True, "memory": memory, "cached": False,
@@ -231,6 +309,46 @@ class Server:
             message = "%s: %s" % (type(e).__name__, e)
             return {"batch": batch, "ok": False, "oom": is_out_of_memory(message), "error": message,
                     "traceback": traceback.format_exc(limit=8), "compile_s": time.perf_counter() - start}
+
+    def _keep(self, batch: int, fingerprint: str, compiled: Any, memory: Dict[str, Any]) -> None:
+        with self._kept_lock:
+            self._kept.pop(batch, None)
+            self._kept[batch] = (fingerprint, compiled, memory)
+            while len(self._kept) > KEPT_EXECUTABLES:
+                self._kept.popitem(last=False)
+
+    def pin(self, batch: int, path: str) -> Dict[str, Any]:
+        """Write the program compiled at ``batch`` (as training compiles it) to ``path``.
+
+        The program kept from the compile that answered is written as it is; when there is none
+        (its analysis came from jaxfit's cache), the batch is compiled now and the reply says so
+        (``recompiled``), with the memory of the program written, which the caller compares.
+        Never raises: a failure is an answer (``ok: false`` and why).
+        """
+        start = time.perf_counter()
+        try:
+            with self._kept_lock:
+                kept = self._kept.get(batch)
+            recompiled = kept is None
+            if kept is None:
+                with self._lower_lock:
+                    lowered = self.lower(batch)
+                    fingerprint = program_fingerprint(lowered)
+                compiled = lowered.compile()
+                kept = (fingerprint, compiled, memory_of(compiled))
+            fingerprint, compiled, memory = kept
+            from jax.experimental import serialize_executable
+
+            payload = serialize_executable.serialize(compiled)[0]
+            tmp = "%s.%d.tmp" % (path, os.getpid())
+            with open(tmp, "wb") as f:
+                f.write(payload)
+            os.replace(tmp, path)
+            return {"op": "pinned", "ok": True, "batch": batch, "fingerprint": fingerprint, "memory": memory,
+                    "recompiled": recompiled, "bytes": len(payload), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                    "seconds": time.perf_counter() - start}
+        except Exception as e:  # e.g. a backend that cannot serialise, a full disk
+            return {"op": "pinned", "ok": False, "batch": batch, "error": "%s: %s" % (type(e).__name__, e)}
 
     def compile_many(self, request: Dict[str, Any]) -> None:
         batches = [int(b) for b in request["batches"]]
@@ -282,6 +400,8 @@ class Server:
             op = request.get("op")
             if op == "compile":
                 self.compile_many(request)
+            elif op == "pin":
+                self.send(self.pin(int(request["batch"]), str(request["path"])))
             elif op == "overhead":
                 self.send(self.process_overhead())
             elif op == "quit":

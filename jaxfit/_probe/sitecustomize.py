@@ -1,18 +1,30 @@
-"""jaxfit's start-up hook for training scripts: the probe of ``fit --script``, the wandb settings of ``run``.
+"""jaxfit's start-up hook for training scripts: the probe of ``fit --script``; the pinned program and
+the wandb settings of ``run`` and ``schedule``.
 
-``jaxfit fit --script -- <command>`` runs the command with this folder first on PYTHONPATH, so
-Python imports this module at start-up, before the script. It waits for ``jax`` to be imported,
-wraps ``jax.jit``, and when the script first *calls* the jitted function named
-``$JAXFIT_PROBE_STEP_NAME`` (the name is looked up through ``functools.partial``, as in openpi's
-``jax.jit(functools.partial(train_step, config), ...)``), it does not run the step: it takes the
-call's real arguments, swaps the batch for abstract arrays of any leading size, and answers
-jaxfit's compile requests with the script's own jitted object (its shardings and donation
-included). Then the process exits; no step ever runs.
+jaxfit runs the command with this folder first on PYTHONPATH, so Python imports this module at
+start-up, before the script. It waits for ``jax`` to be imported and wraps ``jax.jit``:
 
+- **probe** (``$JAXFIT_PROBE_STEP_NAME``): when the script first *calls* its jitted train step (the
+  function of that name, looked up through ``functools.partial`` as in openpi's
+  ``jax.jit(functools.partial(train_step, config), ...)``), the step does not run: the call's real
+  arguments are kept, the batch is swapped for abstract arrays of any leading size, and jaxfit's
+  compile requests are answered with the script's own jitted object (its shardings and donation
+  included). Then the process exits. Without ``--step-name`` (``$JAXFIT_PROBE_STEP_AUTO``) a script
+  with no ``train_step`` has its step found: the first jitted function called with a donated
+  argument and a batch, else the first called a second time with a batch. A probe never trains:
+  when a training loop shows (a step-like function called a second time) and no step was taken,
+  the script is stopped and jaxfit is told what it called;
+- **pin** (``$JAXFIT_PIN``): the train step runs the executable the fit proved, or is checked
+  against the budget before its first step (:mod:`jaxfit_pin`);
+- **wandb** (``$JAXFIT_WANDB_CONFIG``): the chosen settings join the config of the script's own
+  ``wandb.init``.
+
+It acts only in the process it was started for: the first process of the command that imports
+jax claims it (``$JAXFIT_HOOK_OWNER``), and the processes that one starts (data-loader workers,
+forked or spawned) leave everything alone, since the protocol's descriptors belong to it alone.
 Standard library + jax only, Python 3.9+, jax 0.4.30+: the script's environment need not have
-jaxfit. ``jaxfit run`` uses the same hook with ``$JAXFIT_WANDB_CONFIG`` (a JSON file) to add the
-chosen settings to the config of the script's own ``wandb.init``. Does nothing unless one of the two
-variables is set, and hands over to any other ``sitecustomize`` on the path.
+jaxfit. Does nothing unless one of the variables is set, and hands over to any other
+``sitecustomize`` on the path.
 """
 
 from __future__ import annotations
@@ -29,21 +41,61 @@ from typing import Any, Optional
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 STEP_NAME = os.environ.get("JAXFIT_PROBE_STEP_NAME")
+STEP_AUTO = os.environ.get("JAXFIT_PROBE_STEP_AUTO") == "1"
+PIN = os.environ.get("JAXFIT_PIN")
 WANDB_CONFIG = os.environ.get("JAXFIT_WANDB_CONFIG")
+OWNER_ENV = "JAXFIT_HOOK_OWNER"
+LIBRARY_MODULES = ("jax", "jaxlib", "flax", "optax", "orbax", "chex", "equinox", "numpy", "scipy", "ml_dtypes")
+"""Packages whose own jitted functions are never the train step (nor watched, nor reported)."""
 _lock = threading.Lock()
 _seen: "list[str]" = []
 _channels: "list[Any]" = []
+_owner: "list[int]" = []  # the pid this hook acts in, once claimed
+
+
+def _importable() -> None:
+    """Make this folder's modules (the compile server, the pin loader) importable."""
+    if _HERE not in sys.path:
+        sys.path.insert(0, _HERE)
+
+
+def _spawned_worker() -> bool:
+    """Whether this process is a ``multiprocessing`` child started by spawn or forkserver."""
+    return "--multiprocessing-fork" in sys.argv or any("multiprocessing" in a and "spawn_main" in a for a in sys.argv)
+
+
+def _claim() -> bool:
+    """Whether this process is the one the hook acts in; the first to import jax claims it.
+
+    Children it starts see the claim in their environment (spawned) or in the copied claim
+    (forked) and stay inert.
+    """
+    with _lock:
+        if not _owner:
+            claimed = os.environ.get(OWNER_ENV)
+            if claimed is None and not _spawned_worker():
+                os.environ[OWNER_ENV] = str(os.getpid())
+                claimed = str(os.getpid())
+            _owner.append(int(claimed) if claimed and claimed.isdigit() else -1)
+        return _owner[0] == os.getpid()
 
 
 def _open_channels() -> "tuple[Any, Any]":
     """(requests, replies): the protocol's descriptors, opened once."""
     with _lock:
         if not _channels:
-            sys.path.insert(0, _HERE)
+            _importable()
             import jaxfit_compile_server as server_mod
 
             _channels.extend(server_mod.open_channels())
         return _channels[0], _channels[1]
+
+
+def _send(message: "dict[str, Any]") -> None:
+    replies = _open_channels()[1]
+    with _lock:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
 
 
 def _report_jit(name: str) -> None:
@@ -52,22 +104,15 @@ def _report_jit(name: str) -> None:
         if name in _seen:
             return
         _seen.append(name)
-    replies = _open_channels()[1]
-    with _lock:
-        replies.write(json.dumps({"op": "jit_seen", "name": name}) + "\n")
-        replies.flush()
+    _send({"op": "jit_seen", "name": name})
 
 
 def _function_name(fun: Any) -> str:
     """The name of a function, looking through ``functools.partial`` and wrappers."""
-    for _ in range(16):
-        if isinstance(fun, functools.partial):
-            fun = fun.func
-        elif hasattr(fun, "__wrapped__"):
-            fun = fun.__wrapped__
-        else:
-            break
-    return getattr(fun, "__name__", None) or type(fun).__name__
+    _importable()
+    from jaxfit_compile_server import function_name
+
+    return function_name(fun)
 
 
 def _leaves(tree: Any) -> list:
@@ -103,26 +148,66 @@ def _find_batch_arg(args: tuple, batch_size: Optional[int]) -> "tuple[int, int]"
     )
 
 
-def _resized(tree: Any, batch: int) -> Any:
-    """``tree`` with every array replaced by an abstract one of leading size ``batch``."""
+def _abstract(x: Any, batch: int) -> Any:
+    """The abstract array of ``x`` with leading size ``batch``: as jit sees ``x`` (its sharding only
+    when ``x`` is committed to it, its weak type), so the program lowers exactly as the real call."""
     import jax
 
-    def leaf(x: Any) -> Any:
-        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-            return x
-        shape = (batch,) + tuple(x.shape[1:])
-        sharding = getattr(x, "sharding", None)
-        try:
-            return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding)
-        except TypeError:
-            return jax.ShapeDtypeStruct(shape, x.dtype)
+    shape = (batch,) + tuple(x.shape[1:])
+    committed = getattr(x, "committed", getattr(x, "_committed", True))
+    kwargs: "dict[str, Any]" = {}
+    if committed and getattr(x, "sharding", None) is not None:
+        kwargs["sharding"] = x.sharding
+    if getattr(x, "weak_type", False):
+        kwargs["weak_type"] = True
+    try:
+        return jax.ShapeDtypeStruct(shape, x.dtype, **kwargs)
+    except TypeError:  # an old jax without some of these arguments
+        return jax.ShapeDtypeStruct(shape, x.dtype)
 
-    return jax.tree_util.tree_map(leaf, tree)
+
+def _resized(tree: Any, batch: int) -> Any:
+    """``tree`` with every array replaced by an abstract one of leading size ``batch``.
+
+    Containers are rebuilt without calling their constructors where possible (dataclasses are
+    copied field by field): a container that type-checks its fields when built (jaxtyping or
+    beartype on a dataclass, as openpi's ``Observation``) would reject abstract arrays, while the
+    traced step itself sees tracers, which pass those checks.
+    """
+    import copy
+    import dataclasses
+
+    import jax
+
+    def walk(node: Any) -> Any:
+        if hasattr(node, "shape") and hasattr(node, "dtype"):
+            return _abstract(node, batch)
+        if isinstance(node, dict):
+            out = copy.copy(node)
+            for key in node:
+                out[key] = walk(node[key])
+            return out
+        if isinstance(node, list):
+            return [walk(x) for x in node]
+        if isinstance(node, tuple):
+            items = [walk(x) for x in node]
+            return type(node)(*items) if hasattr(node, "_fields") else type(node)(items)
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            out = copy.copy(node)
+            for field in dataclasses.fields(node):
+                if hasattr(node, field.name):
+                    object.__setattr__(out, field.name, walk(getattr(node, field.name)))
+            return out
+        if not jax.tree_util.all_leaves([node]):  # another pytree node: rebuilt by its own unflatten
+            return jax.tree_util.tree_map(lambda x: _abstract(x, batch) if hasattr(x, "shape") else x, node)
+        return node
+
+    return walk(tree)
 
 
-def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict) -> None:
+def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None:
     """Answer jaxfit's compile requests for this step, then end the process."""
-    sys.path.insert(0, _HERE)
+    _importable()
     import jaxfit_compile_server as server_mod
 
     requests, replies = _open_channels()
@@ -136,7 +221,8 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict) -> None:
             return jitted.lower(*call_args, **kwargs)
 
         description = {"script": sys.argv, "step_name": _function_name(fun), "batch_arg": index,
-                       "script_batch_size": seen_batch}
+                       "script_batch_size": seen_batch, "step_found": found,
+                       "called": dict(_calls)}
         server = server_mod.Server(lower, replies, {"name": _function_name(fun), "description": description},
                                    cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None)
     except Exception as e:
@@ -150,33 +236,123 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict) -> None:
         os._exit(0)  # never run the step, nor anything after it
 
 
-class _Intercepted:
-    """Stands in for the jitted step: its first call serves compiles instead of running."""
+_calls: "dict[str, int]" = {}
+"""How often the script called each watched jitted function (before the step was taken)."""
 
-    def __init__(self, jitted: Any, fun: Any) -> None:
+
+def _donated(jit_kwargs: "dict[str, Any]") -> "tuple[int, ...]":
+    nums = jit_kwargs.get("donate_argnums")
+    if nums is None:
+        return ()
+    return (nums,) if isinstance(nums, int) else tuple(nums)
+
+
+def _step_like(args: tuple, donated: "tuple[int, ...]") -> "Optional[str]":
+    """Why a call looks like a train step (a batch next to another array argument), or None."""
+    try:
+        index, _ = _find_batch_arg(args, None)
+    except ValueError:
+        return None
+    others = [i for i in range(len(args)) if i != index and _leaves(args[i])]
+    if not others:
+        return None  # the batch alone: a data transform, not a step
+    if any(i in donated for i in others):
+        return "it donates argument %d and takes a batch (argument %d)" % ([i for i in others if i in donated][0], index)
+    return "it takes a batch (argument %d) next to other arrays" % index
+
+
+def _stop_training(name: str) -> None:
+    """A training loop is running and no step was taken: stop the script, tell jaxfit what it called."""
+    called = ", ".join("%s (%d)" % (n, c) for n, c in sorted(_calls.items(), key=lambda kv: -kv[1]))
+    _importable()
+    import jaxfit_compile_server as server_mod
+
+    server_mod.send_error(
+        _open_channels()[1], "user", "WorkloadError",
+        "the script never called a jitted function named %r, and it started a training loop (it called %r a "
+        "second time), so the probe stopped it before that step ran; jitted functions it called (times): %s; "
+        "pass --step-name with the name of its train step, e.g. --step-name %s" % (STEP_NAME, name, called, name))
+    os._exit(3)
+
+
+class _Watched:
+    """Stands in for a jitted function in the probed script: counts its calls, takes it as the step
+    when it is the named one or (without ``--step-name``) when it looks like one."""
+
+    def __init__(self, jitted: Any, fun: Any, jit_kwargs: "dict[str, Any]") -> None:
         self._jitted = jitted
         self._fun = fun
+        self._name = _function_name(fun)
+        self._donated = _donated(jit_kwargs)
         functools.update_wrapper(self, jitted, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _serve(self._jitted, self._fun, args, kwargs)
+        if not _claim():
+            return self._jitted(*args, **kwargs)
+        with _lock:
+            count = _calls[self._name] = _calls.get(self._name, 0) + 1
+        if self._name == STEP_NAME:
+            _serve(self._jitted, self._fun, args, kwargs, "named %r" % STEP_NAME)
+        if count & (count - 1) == 0:  # 1, 2, 4, 8...: enough for the error message
+            _send({"op": "jit_called", "name": self._name, "count": count})
+        why = _step_like(args, self._donated)
+        named_pending = STEP_NAME in _seen and STEP_NAME not in _calls  # the named step comes later
+        if why is not None and STEP_AUTO and not named_pending and (count >= 2 or "donates" in why):
+            _serve(self._jitted, self._fun, args, kwargs,
+                   "found: %s%s" % (why, "; called a second time" if count >= 2 else ""))
+        if why is not None and count >= 2:
+            _stop_training(self._name)
+        return self._jitted(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)
 
 
+def _library_function(fun: Any) -> bool:
+    module = getattr(fun, "__module__", None) or ""
+    for _ in range(16):  # look through functools.partial for the function's own module
+        if isinstance(fun, functools.partial):
+            fun = fun.func
+            module = getattr(fun, "__module__", None) or module
+        else:
+            break
+    return module.split(".")[0] in LIBRARY_MODULES
+
+
 def _patch_jax(jax_module: Any) -> None:
-    """Wrap ``jax.jit`` so that the step named ``$JAXFIT_PROBE_STEP_NAME`` is intercepted."""
+    """Wrap ``jax.jit``: in the probe every jitted function of the script is watched (:class:`_Watched`);
+    with a pin, the step is replaced by :class:`jaxfit_pin.PinnedStep`."""
     original = jax_module.jit
+    if not _claim():
+        return  # a worker of the probed or trained process: leave jax alone
+    pin_step = None
+    if PIN:
+        _importable()
+        import jaxfit_pin
+
+        pin_step = os.environ.get("JAXFIT_PIN_STEP_NAME")
+        if not pin_step:
+            try:
+                pin_step = jaxfit_pin.load_pin(PIN).get("step_name")
+            except (OSError, ValueError):
+                pin_step = None
 
     @functools.wraps(original)
     def jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:
         if fun is None:  # jax.jit(static_argnums=...) used as a decorator factory
             return lambda f: jit(f, *args, **kwargs)
         jitted = original(fun, *args, **kwargs)
+        if _library_function(fun) or not _claim():  # a forked child shares the patched jax
+            return jitted
         name = _function_name(fun)
-        _report_jit(name)
-        return _Intercepted(jitted, fun) if name == STEP_NAME else jitted
+        if STEP_NAME:
+            _report_jit(name)
+            return _Watched(jitted, fun, kwargs)
+        if pin_step and name == pin_step:
+            import jaxfit_pin
+
+            return jaxfit_pin.PinnedStep(jitted, PIN, os.environ.get(jaxfit_pin.REPORT_ENV))
+        return jitted
 
     jax_module.jit = jit
 
@@ -194,6 +370,8 @@ def _patch_wandb(wandb_module: Any) -> None:
     @functools.wraps(original)
     def init(*args: Any, **kwargs: Any) -> Any:
         run = original(*args, **kwargs)
+        if not _claim():
+            return run
         try:
             run.config.update({"jaxfit": settings}, allow_val_change=True)
         except Exception as e:  # never break the user's training over bookkeeping
@@ -213,7 +391,7 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         patch = self.patches.pop(name, None)
         if patch is None:
             return None
-        if not self.patches:
+        if not self.patches and self in sys.meta_path:
             sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -239,7 +417,7 @@ def _chain_next_sitecustomize() -> None:
 
 def _install() -> None:
     patches = {}
-    if STEP_NAME:
+    if STEP_NAME or PIN:
         patches["jax"] = _patch_jax
     if WANDB_CONFIG:
         patches["wandb"] = _patch_wandb

@@ -1,0 +1,211 @@
+"""The training side of a pinned program: run the executable jaxfit proved, or know that it is not.
+
+Near the memory limit XLA does not build the same program twice: GPU autotuning picks kernels by
+timing them, so the training process's own compile of the step can need more than the compile that
+proved the answer (H100, gpt-small at batch 13 under fraction 0.212: proved 17,579,825,492 B, the
+training process's own compile 18,028,917,076 B, over the limit; docs/facts.md #10). So the fit
+writes the proving executable to a *pin* (``pin.json`` and ``executable.bin``, :mod:`jaxfit.pin`),
+and jaxfit's start-up hook loads it here, in the training process, at the first call of the step:
+
+1. the call's arguments are lowered with the script's own jitted step (tracing only);
+2. if that program's fingerprint (the SHA-256 of its StableHLO text), the jax version, ``XLA_FLAGS``
+   and the device match the pin's, the pinned executable is loaded and runs every call of that
+   shape: **pinned**;
+3. otherwise (another batch, a changed config or flag, another jax) the step is compiled here, as
+   it would have been, and its peak is checked against the budget the fit proved: over it, the
+   process stops before any step runs, with one line saying why and what to do, instead of running
+   out of memory later (exit code :data:`GUARD_EXIT`).
+
+What happened is written as JSON to ``$JAXFIT_PIN_REPORT`` (``program_pinned``,
+``pinned_peak_bytes``, ``program_peak_bytes``, ``reason``...), which ``jaxfit run`` and
+``jaxfit schedule`` report. Standard library + jax only (it runs in the script's environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+PIN_ENV = "JAXFIT_PIN"
+REPORT_ENV = "JAXFIT_PIN_REPORT"
+GUARD_EXIT = 75
+"""Exit code of a training process stopped because its own program does not fit the budget."""
+GUARD_MARKER = "does not fit the budget jaxfit proved"
+"""Words of the guard's error line; the scheduler counts a run stopped by it as out of memory."""
+MAX_SHAPES = 8
+"""Argument shapes of the step that get their own checked program; calls of further shapes go to
+the script's jitted step as they would without jaxfit."""
+
+
+def _format_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return "%.2f %s" % (n / size, unit)
+    return "%d B" % n
+
+
+def _write_json(path: str, data: Dict[str, Any]) -> None:
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def load_pin(path: str) -> Dict[str, Any]:
+    """The pin's metadata (raises OSError or ValueError when it is missing or unreadable)."""
+    with open(path) as f:
+        pin = json.load(f)
+    if not isinstance(pin, dict) or "fingerprint" not in pin:
+        raise ValueError("%s is not a jaxfit pin" % path)
+    return pin
+
+
+def _peak(memory: Dict[str, Any]) -> int:
+    return (int(memory["argument_bytes"]) + int(memory["output_bytes"]) - int(memory["alias_bytes"])
+            + int(memory["temp_bytes"]) + int(memory.get("generated_code_bytes") or 0))
+
+
+def _mismatch(pin: Dict[str, Any], fingerprint: str) -> Optional[str]:
+    """Why the program of this call is not the pinned one, or None when it is."""
+    import jax
+
+    device = jax.devices()[0]
+    if pin.get("jax_version") != jax.__version__:
+        return "jax %s here, %s in the fit" % (jax.__version__, pin.get("jax_version"))
+    if pin.get("device_kind") != getattr(device, "device_kind", device.platform):
+        return "device %s here, %s in the fit" % (getattr(device, "device_kind", "?"), pin.get("device_kind"))
+    if int(pin.get("device_count") or 0) != jax.device_count():
+        return "%d devices here, %s in the fit" % (jax.device_count(), pin.get("device_count"))
+    if (pin.get("xla_flags") or "") != os.environ.get("XLA_FLAGS", ""):
+        return "XLA_FLAGS %r here, %r in the fit" % (os.environ.get("XLA_FLAGS", ""), pin.get("xla_flags") or "")
+    if fingerprint != pin.get("fingerprint"):
+        return ("the step lowers to another program than the one fitted (another batch size, config value or "
+                "argument; the fit was at batch %s)" % pin.get("batch_size"))
+    return None
+
+
+class PinnedStep:
+    """Stands in for the script's jitted train step (see the module docstring).
+
+    Args:
+      jitted: The script's ``jax.jit`` object.
+      pin_path: The pin's ``pin.json``.
+      report_path: Where to write what happened (None: nowhere).
+    """
+
+    def __init__(self, jitted: Any, pin_path: str, report_path: Optional[str]) -> None:
+        self._jitted = jitted
+        self._pin_path = pin_path
+        self._report_path = report_path
+        self._programs: List[Tuple[Any, Any]] = []  # (signature, compiled)
+        self._decisions: List[Dict[str, Any]] = []
+        self._lock = threading.Lock()
+        try:
+            self._pin: Optional[Dict[str, Any]] = load_pin(pin_path)
+            self._pin_error: Optional[str] = None
+        except (OSError, ValueError) as e:
+            self._pin, self._pin_error = None, "cannot read the pin %s: %s" % (pin_path, e)
+        try:
+            import functools
+
+            functools.update_wrapper(self, jitted, updated=())
+        except (AttributeError, TypeError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._jitted, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import jax
+
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        signature = (tree, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__)))
+                                 for x in leaves))
+        compiled = self._program(signature, args, kwargs)
+        if compiled is None:
+            return self._jitted(*args, **kwargs)
+        return compiled(*args, **kwargs)
+
+    def _program(self, signature: Any, args: tuple, kwargs: dict) -> Any:
+        with self._lock:
+            for known, compiled in self._programs:
+                if known == signature:
+                    return compiled
+            if len(self._programs) >= MAX_SHAPES:
+                return None
+            compiled = self._decide(args, kwargs)
+            self._programs.append((signature, compiled))
+            return compiled
+
+    def _decide(self, args: tuple, kwargs: dict) -> Any:
+        """Load the pinned program for this call, or compile and check the step's own."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        import jaxfit_compile_server as server_mod
+
+        lowered = self._jitted.lower(*args, **kwargs)
+        pin = self._pin
+        reason = self._pin_error
+        if pin is not None:
+            reason = _mismatch(pin, server_mod.program_fingerprint(lowered))
+        if pin is not None and reason is None:
+            try:
+                from jax.experimental import serialize_executable
+
+                folder = os.path.dirname(os.path.abspath(self._pin_path))
+                with open(os.path.join(folder, pin.get("executable", "executable.bin")), "rb") as f:
+                    payload = f.read()
+                compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
+            except Exception as e:  # a truncated or foreign file: compile as usual, checked
+                reason = "the pinned executable could not be loaded (%s: %s)" % (type(e).__name__, str(e)[:200])
+            else:
+                self._record(pinned=True, peak=int(pin["peak_bytes"]), reason=None)
+                print("jaxfit: the train step runs the program jaxfit proved (peak %s of a %s budget, batch %s)"
+                      % (_format_bytes(pin["peak_bytes"]), _format_bytes(pin.get("budget_bytes")),
+                         pin.get("batch_size")), file=sys.stderr, flush=True)
+                return compiled
+        with server_mod.persistent_cache_off():  # a cache-served program can misreport its aliasing
+            compiled = lowered.compile()
+        peak = _peak(server_mod.memory_of(compiled))
+        budget = int(pin["budget_bytes"]) if pin and pin.get("budget_bytes") else None
+        self._record(pinned=False, peak=peak, reason=reason, stopped=budget is not None and peak > budget)
+        if budget is not None and peak > budget:
+            print("jaxfit: error: the train step compiled in this process needs %s, which %s of %s (fraction %s); "
+                  "it was stopped before its first step instead of running out of memory. It is not the proven "
+                  "program: %s. Run the batch and settings jaxfit chose (the fit was at batch %s), or fit again "
+                  "with this command and environment"
+                  % (_format_bytes(peak), GUARD_MARKER, _format_bytes(budget), pin.get("mem_fraction"), reason,
+                     pin.get("batch_size")), file=sys.stderr, flush=True)
+            sys.stderr.flush()
+            os._exit(GUARD_EXIT)
+        print("jaxfit: the train step is not the program jaxfit proved (%s); its own compile needs %s%s"
+              % (reason, _format_bytes(peak), " of a %s budget: it fits" % _format_bytes(budget) if budget else ""),
+              file=sys.stderr, flush=True)
+        return compiled
+
+    def _record(self, *, pinned: bool, peak: int, reason: Optional[str], stopped: bool = False) -> None:
+        pin = self._pin or {}
+        self._decisions.append({"program_pinned": pinned, "program_peak_bytes": peak, "reason": reason,
+                                "stopped": stopped})
+        if not self._report_path:
+            return
+        report = {
+            "program_pinned": any(d["program_pinned"] for d in self._decisions),
+            "pinned_peak_bytes": pin.get("peak_bytes"),
+            "program_peak_bytes": self._decisions[0]["program_peak_bytes"],
+            "budget_bytes": pin.get("budget_bytes"),
+            "reason": next((d["reason"] for d in self._decisions if d["reason"]), None),
+            "stopped": stopped,
+            "pin": self._pin_path,
+            "shapes": self._decisions,
+        }
+        try:
+            _write_json(self._report_path, report)
+        except OSError as e:
+            print("jaxfit: cannot write %s: %s" % (self._report_path, e), file=sys.stderr, flush=True)

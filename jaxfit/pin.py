@@ -1,0 +1,277 @@
+"""Pins: the executable that proved a fit's answer, kept where the training process will load it.
+
+A fit proves ``peak(answer) <= budget`` on the program its compile child built. Near the limit XLA
+does not build the same program twice (GPU autotuning times kernels; docs/facts.md #10), so the
+training process's own compile can need more and run out of memory. A *pin* hands the proven
+program over: the compile child serialises the executable that answered
+(``jax.experimental.serialize_executable``, the bytes JAX's persistent cache stores), and jaxfit's
+start-up hook in the training process loads it at the first call of the step when the step lowers
+to the same program (same fingerprint, jax version, ``XLA_FLAGS`` and device), or else compiles
+the step and checks it against the budget before any step runs (:mod:`jaxfit._probe.jaxfit_pin`).
+
+A pin is a folder ``<cache>/pins/<id>/`` holding ``pin.json`` (what the hook checks, and the
+proof's numbers) and ``executable.bin``. The id is the answer cache's key of the question when it
+has one, so a cached answer finds its pin; pins are disposable: the least recently used beyond
+:data:`MAX_PINS` (or :data:`MAX_TOTAL_BYTES`) are removed, and a schedule copies the pins of its
+runs into its own state folder. Writing a pin never fails a fit: an unwritable or full cache
+folder, or a backend that cannot serialise, leaves the answer standing, marked not pinned, with
+the reason in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jaxfit._probe.jaxfit_pin import PIN_ENV, REPORT_ENV, load_pin
+from jaxfit.budget import format_bytes
+from jaxfit.cache import default_cache_path
+from jaxfit.compiler import PROBE_DIR, CompileChild, DeviceInfo
+from jaxfit.memory import MemoryReport
+
+PIN_FILE = "pin.json"
+EXECUTABLE_FILE = "executable.bin"
+MAX_PINS = 32
+"""Pins kept in the cache (least recently used first out)."""
+MAX_TOTAL_BYTES = 8 << 30
+"""Bytes of pins kept in the cache (least recently used first out)."""
+FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Pin:
+    """A stored proven program.
+
+    Attributes:
+      path: Its ``pin.json``.
+      step_name: The name of the jitted step function the training process's hook replaces.
+      batch_size: The batch it was compiled at.
+      peak_bytes: Its compiled peak (the program that is written, byte for byte).
+      budget_bytes: The budget the fit proved it against (the hook's guard uses it too).
+      fingerprint: The SHA-256 of the step's StableHLO text.
+      executable_bytes: Size of the serialised executable.
+    """
+
+    path: str
+    step_name: str
+    batch_size: int
+    peak_bytes: int
+    budget_bytes: int
+    fingerprint: str
+    executable_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Pin:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+    def usable(self) -> bool:
+        """Whether both files are still there."""
+        folder = Path(self.path).parent
+        return Path(self.path).is_file() and (folder / EXECUTABLE_FILE).is_file()
+
+
+def pins_root() -> Path:
+    """``<jaxfit cache folder>/pins``."""
+    return default_cache_path().parent / "pins"
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+
+
+def prune(root: Path | None = None, *, keep: Path | None = None) -> None:
+    """Remove the least recently used pins beyond :data:`MAX_PINS` / :data:`MAX_TOTAL_BYTES`, and
+    leftovers of interrupted writes (folders without ``pin.json`` older than an hour)."""
+    root = root or pins_root()
+    try:
+        folders = [f for f in root.iterdir() if f.is_dir()]
+    except OSError:
+        return
+    now = time.time()
+    live = []
+    for folder in folders:
+        pin_file = folder / PIN_FILE
+        try:
+            live.append((pin_file.stat().st_mtime, folder))
+        except OSError:
+            try:
+                if now - folder.stat().st_mtime > 3600:
+                    shutil.rmtree(folder, ignore_errors=True)
+            except OSError:
+                pass
+    live.sort(reverse=True)  # newest first
+    total = 0
+    for n, (_, folder) in enumerate(live):
+        try:
+            total += _folder_bytes(folder)
+        except OSError:
+            continue
+        if folder != keep and (n >= MAX_PINS or total > MAX_TOTAL_BYTES):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def find(key: str | None) -> Pin | None:
+    """The pin stored for a question's key, if it is still whole (and marks it as just used)."""
+    if key is None:
+        return None
+    path = pins_root() / key / PIN_FILE
+    try:
+        pin = Pin.from_dict(load_pin(str(path))["summary"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not pin.usable():
+        return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+    return pin
+
+
+def pin_answer(child: CompileChild, batch: int, *, key: str | None, info: DeviceInfo, proven: MemoryReport,
+               budget_bytes: int, limit_bytes: int, mem_fraction: float) -> tuple[Pin | None, str | None]:
+    """Have ``child`` write the program it compiled at ``batch``, and describe it in ``pin.json``.
+
+    Returns:
+      ``(pin, note)``: the pin (None when it could not be made) and a one-line note for people
+      (why it is not pinned, or that the pinned program had to be compiled again), or None.
+    """
+    step_name = str(child.workload_info.get("description", {}).get("step_name") or "")
+    if not step_name:
+        return None, "not pinned: the step's function name is unknown"
+    root = pins_root()
+    folder = root / (key or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
+    try:
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+    except OSError as e:
+        return None, f"not pinned: cannot write to {root}: {e.strerror or e}"
+    reply = child.pin(batch, str(folder / EXECUTABLE_FILE))
+    pin, note = _describe(reply, folder, child=child, batch=batch, info=info, proven=proven,
+                          budget_bytes=budget_bytes, limit_bytes=limit_bytes, mem_fraction=mem_fraction,
+                          step_name=step_name, key=key)
+    if pin is None:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        prune(root, keep=folder)
+    return pin, note
+
+
+def _describe(reply: Mapping[str, Any], folder: Path, *, child: CompileChild, batch: int, info: DeviceInfo,
+              proven: MemoryReport, budget_bytes: int, limit_bytes: int, mem_fraction: float, step_name: str,
+              key: str | None) -> tuple[Pin | None, str | None]:
+    if not reply.get("ok"):
+        return None, f"not pinned: the program could not be written ({str(reply.get('error'))[:300]})"
+    written = MemoryReport.from_dict(reply["memory"])
+    note = None
+    if reply.get("recompiled") and written.peak_bytes != proven.peak_bytes:
+        if written.peak_bytes > budget_bytes:
+            return None, (f"not pinned: compiled again for the pin (the proof came from jaxfit's cache), the program "
+                          f"needs {format_bytes(written.peak_bytes)}, over the budget; fit again with --no-cache")
+        note = (f"the pinned program was compiled again (the proof came from jaxfit's cache): its peak is "
+                f"{format_bytes(written.peak_bytes)}, within the budget")
+    pin = Pin(path=str(folder / PIN_FILE), step_name=step_name, batch_size=batch, peak_bytes=written.peak_bytes,
+              budget_bytes=budget_bytes, fingerprint=str(reply["fingerprint"]), executable_bytes=int(reply["bytes"]))
+    data = {
+        "format": FORMAT, "summary": pin.to_dict(), "step_name": step_name, "batch_size": batch,
+        "fingerprint": pin.fingerprint, "executable": EXECUTABLE_FILE, "peak_bytes": written.peak_bytes,
+        "memory": written.to_dict(), "budget_bytes": budget_bytes, "limit_bytes": limit_bytes,
+        "mem_fraction": mem_fraction, "jax_version": info.jax_version, "xla_flags": reply.get("xla_flags") or "",
+        "platform": info.platform, "device_kind": info.device_kind, "device_count": info.device_count,
+        "workload": child.workload_info.get("name"), "question_key": key, "created_at": time.time(),
+    }
+    from jaxfit.report import write_json
+
+    try:
+        write_json(folder / PIN_FILE, data)
+    except OSError as e:
+        return None, f"not pinned: cannot write {folder / PIN_FILE}: {e.strerror or e}"
+    return pin, note
+
+
+def discard_pin(pin: Pin | None) -> None:
+    """Remove a pin that is not the answer (a fraction that did not win)."""
+    if pin is not None:
+        shutil.rmtree(Path(pin.path).parent, ignore_errors=True)
+
+
+def rehome(pin: Pin | None, key: str | None) -> Pin | None:
+    """Move ``pin`` to the folder of the question ``key`` (where :func:`find` looks)."""
+    if pin is None or key is None:
+        return pin
+    target = pins_root() / key
+    source = Path(pin.path).parent
+    if source == target:
+        return pin
+    try:
+        if target.exists():
+            shutil.rmtree(target)
+        source.rename(target)
+        moved = dataclasses.replace(pin, path=str(target / PIN_FILE))
+        data = json.loads((target / PIN_FILE).read_text())
+        data["summary"] = moved.to_dict()
+        from jaxfit.report import write_json
+
+        write_json(target / PIN_FILE, data)
+    except OSError:
+        return pin
+    return moved
+
+
+def run_environment(pin: Pin | None, mem_fraction: float) -> dict[str, str]:
+    """The environment that runs the proven program in a user's own shell: the fraction, jaxfit's
+    start-up hook on PYTHONPATH (prepend it to any PYTHONPATH of your own) and the pin."""
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{mem_fraction:g}"}
+    if pin is not None:
+        env.update({"PYTHONPATH": PROBE_DIR, PIN_ENV: pin.path})
+    return env
+
+
+def copy_to(pin: Pin, folder: Path) -> Pin:
+    """A copy of ``pin`` in ``folder`` (a schedule keeps its runs' pins in its own state folder, out
+    of reach of the cache's pruning)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = Path(pin.path).parent
+    for name in (EXECUTABLE_FILE, PIN_FILE):
+        shutil.copyfile(source / name, folder / name)
+    copied = dataclasses.replace(pin, path=str(folder / PIN_FILE))
+    data = json.loads((folder / PIN_FILE).read_text())
+    data["summary"] = copied.to_dict()
+    from jaxfit.report import write_json
+
+    write_json(folder / PIN_FILE, data)
+    return copied
+
+
+def read_report(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    """What the start-up hook wrote about the step it ran (``program_pinned``...), or None."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def hook_environment(pin: Pin | None, report_path: str | None) -> dict[str, str]:
+    """The variables that make the hook load ``pin`` in a process jaxfit starts, and report to
+    ``report_path``."""
+    if pin is None:
+        return {}
+    env = {PIN_ENV: pin.path, "JAXFIT_PIN_STEP_NAME": pin.step_name}
+    if report_path:
+        env[REPORT_ENV] = str(report_path)
+    return env
