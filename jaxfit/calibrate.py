@@ -19,7 +19,7 @@ from typing import Any
 
 from jaxfit import packing
 
-from jaxfit.cache import AnswerCache, default_cache_path
+from jaxfit.cache import AnswerCache, default_cache_path, usable_cache
 from jaxfit.compiler import CompileChild
 from jaxfit.devices import detect_gpus
 from jaxfit.errors import ConfigError
@@ -74,7 +74,10 @@ def _key() -> str:
 
 def cached_calibration(cache_path: str | None = None) -> Calibration | None:
     """The stored calibration of this device and jax, or None (never starts a child)."""
-    store = AnswerCache(cache_path or default_cache_path())
+    path = usable_cache(cache_path or default_cache_path())
+    if path is None:
+        return None
+    store = AnswerCache(path)
     try:
         data = store.get(_key())
     finally:
@@ -111,9 +114,11 @@ def calibrate(*, use_cache: bool = True, cache_path: str | None = None, start_ti
         pool_bytes=reply.get("pool_bytes"), device=device_identity(), jax_version=_jax_version(),
         measured_at=time.time(),
     )
-    store = AnswerCache(cache_path or default_cache_path())
-    try:
-        store.put(_key(), {k: v for k, v in result.to_dict().items() if k != "cached"})
-    finally:
-        store.close()
+    path = usable_cache(cache_path or default_cache_path())
+    if path is not None:
+        store = AnswerCache(path)
+        try:
+            store.put(_key(), {k: v for k, v in result.to_dict().items() if k != "cached"})
+        finally:
+            store.close()
     return result

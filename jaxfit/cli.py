@@ -66,8 +66,8 @@ class SearchArgs:
 class ScriptArgs:
     """How to find the train step inside a training script."""
 
-    step_name: str = "train_step"
-    """The name of the jitted train step function (found through functools.partial)."""
+    step_name: str | None = None
+    """The name of the jitted train step function (found through functools.partial). Default: train_step, or, when the script calls none, the first jitted function that looks like a train step (it donates an argument and takes a batch, or is called a second time with one); the output says which it took."""
     batch_flag: str = "--batch-size"
     """The script's batch-size flag (write --batch-flag=--bs)."""
     batch_arg: int | None = None
@@ -170,10 +170,12 @@ def fit_command(
         result = fit_fraction(source, batch_size, options, progress=progress)
     if json:
         write_json(json, result.to_dict())
+    command = list(source.get("run_command") or []) or None
+    batch_flag = str(source.get("batch_flag") or "--batch-size")
     if quiet:
         out.print(result.message, highlight=False)
     else:
-        print_result(result, out)
+        print_result(result, out, command, batch_flag)
     if wandb:
         from jaxfit.tracking import log_fit
 
@@ -324,7 +326,7 @@ def schedule_command(
     if json:
         check_writable(json)
     if timeline:
-        check_writable(timeline)
+        check_writable(timeline, "--timeline")
     folder = (Path(state_dir) if state_dir else default_state_dir(queue)).resolve()
     out, progress = _consoles(quiet)
     execute_options = ExecuteOptions(grace_seconds=grace, monitor_interval=monitor_interval, wandb_group=wandb_group)
@@ -332,7 +334,8 @@ def schedule_command(
         from jaxfit.schedule_run import resume_schedule
 
         outcome = resume_schedule(folder, console=out, execute_options=execute_options, ray_address=ray_address,
-                                  quiet=quiet, timeline_path=Path(timeline) if timeline else None)
+                                  quiet=quiet, timeline_path=Path(timeline) if timeline else None,
+                                  queue=load_queue(queue) if Path(queue).exists() else None)
         return _schedule_outcome(out, outcome, json)
     parsed = load_queue(queue)
     size = budget_mod.parse_size(device_memory) if device_memory else None

@@ -186,17 +186,21 @@ class CompileChild:
         threading.Thread(target=self._read_log, args=(log_r,), daemon=True).start()
         ready = self._receive(self.start_timeout, self._start_doing())
         if ready.get("op") == "error":
-            self.close()
-            message = ready.get("message", "unknown error")
-            if ready.get("kind") == "user":
-                error_class = getattr(errors, str(ready.get("error_class")), None)
-                if not (isinstance(error_class, type) and issubclass(error_class, errors.JaxfitError)):
-                    error_class = errors.WorkloadError
-                raise error_class(message)
-            raise WorkerError(f"the compile child failed to start: {message}")
+            self._raise_reported(ready, "the compile child failed to start: ")
         self.info = DeviceInfo.from_dict(ready["info"])
         self.workload_info = ready["info"].get("workload", {})
         return self.info
+
+    def _raise_reported(self, reply: Mapping[str, Any], internal_prefix: str = "the compile child failed: ") -> None:
+        """Stop the child and raise the error it reported (a user error as its own class)."""
+        self.close()
+        message = str(reply.get("message", "unknown error"))
+        if reply.get("kind") == "user":
+            error_class = getattr(errors, str(reply.get("error_class")), None)
+            if not (isinstance(error_class, type) and issubclass(error_class, errors.JaxfitError)):
+                error_class = errors.WorkloadError
+            raise error_class(message)
+        raise WorkerError(internal_prefix + message)
 
     def close(self) -> None:
         """Stop the child (politely, then by force)."""
@@ -337,13 +341,16 @@ class CompileChild:
             reply = self._receive(max(1.0, deadline - time.monotonic()), f"compile batch sizes {batches}")
             if reply.get("op") == "done" and reply.get("id") == request_id:
                 return results
+            if reply.get("op") == "error":
+                self._raise_reported(reply)
             if reply.get("op") != "result":
                 continue
             memory = MemoryReport.from_dict(reply["memory"]) if reply.get("ok") else None
             outcome = CompileOutcome(
                 batch_size=int(reply["batch"]), memory=memory, compile_seconds=float(reply["compile_s"]),
                 cached=bool(reply.get("cached")), oom=bool(reply.get("oom")),
-                error=None if reply.get("ok") else reply.get("error"), autotuned=autotune,
+                error=None if reply.get("ok") else reply.get("error"),
+                autotuned=autotune and bool(self.info is not None and self.info.limit_sensitive),
             )
             results[outcome.batch_size] = outcome
             if on_result:

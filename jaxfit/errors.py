@@ -25,3 +25,19 @@ class DoesNotFitError(JaxfitError):
 
 class WorkerError(JaxfitError):
     """The compile child process died or answered nonsense."""
+
+
+_warned: set[str] = set()
+
+
+def warn(message: str) -> None:
+    """Print ``jaxfit: warning: <message>`` to stderr, once per message per process.
+
+    For what does not stop jaxfit but the user should know (a cache that had to be bypassed).
+    """
+    import sys
+
+    if message in _warned:
+        return
+    _warned.add(message)
+    print(f"jaxfit: warning: {message}", file=sys.stderr, flush=True)

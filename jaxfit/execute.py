@@ -39,7 +39,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +47,22 @@ from jaxfit import packing
 from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
 from jaxfit.compiler import PROBE_DIR
 from jaxfit.devices import visible_entry
+from jaxfit._probe.jaxfit_pin import GUARD_MARKER
 from jaxfit.errors import ConfigError
-from jaxfit.launchers import LOST, Handle, LaunchSpec, Launcher
+from jaxfit.launchers import LOST, Handle, LaunchSpec, Launcher, read_status_file
+from jaxfit.pin import Pin, hook_environment, read_report
+from jaxfit.pin import copy_to as copy_pin
 from jaxfit.queue import Queue
 from jaxfit.report import write_json
 from jaxfit.runstate import Attempt, ExperimentRecord, StateStore
 from jaxfit.accumulation import next_accumulation, with_steps
 from jaxfit.schedule import ScheduledRun
+from jaxfit.tracking import resolve_mode
 
-LOG_OOM_MARKERS = ("OutOfMemoryError",)
+LOG_OOM_MARKERS = ("OutOfMemoryError", GUARD_MARKER)
 """Text in a failed attempt's log that means it ran out of memory, beyond XLA's own markers
-(:func:`jaxfit._probe.jaxfit_compile_server.is_out_of_memory`, FACTS.md #8)."""
+(:func:`jaxfit._probe.jaxfit_compile_server.is_out_of_memory`, docs/facts.md #8): also jaxfit's
+guard, which stops a run whose own program does not fit before its first step."""
 
 STATE_FILE = "state.sqlite"
 """The state file inside a schedule's state folder."""
@@ -151,7 +156,8 @@ def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], pl
             name=run.name, position=placement.start, gpu=placement.gpu, mem_fraction=placement.mem_fraction,
             batch_size=run.batch_size, grad_accum_steps=run.grad_accum_steps,
             need_bytes=placement.need_bytes, command=run.command,
-            env=dict(experiment.env), retries=experiment.retries, timeout=experiment.timeout,
+            env=tuple(sorted(experiment.env)), retries=experiment.retries, timeout=experiment.timeout,
+            pin_path=_keep_pin(run, state_dir),
         ))
     store.add_experiments(records)
     store.set_meta("queue", queue.to_dict())
@@ -163,6 +169,20 @@ def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], pl
     store.set_meta("created_at", time.time())
     store.event("planned", f"{len(records)} runs on {len(plan.gpus)} GPUs in {plan.waves} waves")
     return store
+
+
+def _keep_pin(run: ScheduledRun, state_dir: Path) -> str | None:
+    """A copy of the run's pin in the state folder (``pins/NAME``), out of reach of the cache's
+    pruning; None when it has none or it is gone (a stored ``--plan`` whose pins were pruned)."""
+    if run.pin is None:
+        return None
+    pin = Pin.from_dict(run.pin)
+    if not pin.usable():
+        return None
+    try:
+        return copy_pin(pin, state_dir / "pins" / run.name).path
+    except OSError:
+        return None
 
 
 class ScheduleLock:
@@ -229,6 +249,22 @@ def status_path_of(log_path: str) -> str:
     return log_path.removesuffix(".log") + ".status.json"
 
 
+def report_path_of(log_path: str) -> str:
+    """Where the start-up hook of the attempt whose log is ``log_path`` reports its pinned program."""
+    return log_path.removesuffix(".log") + ".pin.json"
+
+
+def _pin_at(path: str | None) -> Pin | None:
+    if not path:
+        return None
+    from jaxfit._probe.jaxfit_pin import load_pin
+
+    try:
+        return Pin.from_dict(load_pin(path)["summary"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class Scheduler:
     """Runs the experiments of a stored schedule to the end (module docstring).
 
@@ -239,11 +275,14 @@ class Scheduler:
       options: Polling, grace, monitor, WandB group.
       report: Called with one line per decision (None: silent).
       on_tick: Called after every poll (e.g. to refresh a live table).
+      env: Each experiment's ``env`` from the queue file (the state keeps only the names).
     """
 
     def __init__(self, store: StateStore, launcher: Launcher, state_dir: Path, options: ExecuteOptions = ExecuteOptions(),
-                 report: Report | None = None, on_tick: Callable[[], None] | None = None) -> None:
+                 report: Report | None = None, on_tick: Callable[[], None] | None = None,
+                 env: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.store, self.launcher, self.state_dir, self.options = store, launcher, Path(state_dir), options
+        self.env = {name: dict(values) for name, values in (env or {}).items()}
         self._report, self.on_tick = report, on_tick
         self.plan: dict[str, Any] = store.meta("plan")
         self.logical: bool = bool(store.meta("logical", False))
@@ -295,7 +334,10 @@ class Scheduler:
             env["CUDA_VISIBLE_DEVICES"] = visible_entry(record.gpu)
         if self.options.wandb_group:
             env["WANDB_RUN_GROUP"] = self.options.wandb_group
-        env.update(record.env)
+        env["WANDB_MODE"] = resolve_mode(None)  # offline without credentials; a queue's env may override
+        env.update(self.env.get(record.name, {}))
+        pin = _pin_at(record.pin_path)
+        env.update(hook_environment(pin, report_path_of(stem + ".log") if pin else None))
         command = with_steps(record.command, record.batch_size, record.grad_accum_steps)
         return LaunchSpec(
             name=record.name, attempt=attempt, command=command, env=env,
@@ -347,8 +389,10 @@ class Scheduler:
     # -- ending -------------------------------------------------------------------------------------
 
     def _finish(self, record: ExperimentRecord, code: int) -> None:
-        """Decide what an ended attempt means (module docstring) and record it."""
-        name, now = record.name, time.time()
+        """Decide what an ended attempt means (module docstring) and record it, at the time its
+        runner recorded (which may be long before a resumed scheduler learns of it)."""
+        status = read_status_file(status_path_of(record.log_path)) if record.log_path else None
+        name, now = record.name, float(status["ended_at"]) if status else time.time()
         self.handles.pop(name, None)
         self.attempt_started.pop(name, None)
         self.stopping_since.pop(name, None)
@@ -444,7 +488,14 @@ class Scheduler:
                 continue
             self.handles[record.name] = handle
             self.attempt_started[record.name] = latest.started_at if latest else time.time()
-            self._event("adopted", record.name, f"attempt {record.attempts} is still running (pid {record.pid}); watching it")
+            ended = read_status_file(status)
+            if ended is not None:
+                when = time.strftime("%H:%M:%S", time.localtime(float(ended["ended_at"])))
+                self._event("adopted", record.name, f"attempt {record.attempts} ended at {when}, while no scheduler "
+                                                    f"was running (exit code {ended['exit_code']})")
+            else:
+                self._event("adopted", record.name,
+                            f"attempt {record.attempts} is still running (pid {record.pid}); watching it")
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -498,11 +549,27 @@ class Scheduler:
         return {h.pid: (name, gpus[name]) for name, h in list(self.handles.items()) if h.pid is not None}
 
 
+def pin_status(record: ExperimentRecord) -> dict[str, Any]:
+    """``program_pinned``, ``pinned_peak_bytes``, ``program_peak_bytes`` and ``pin_reason`` of a run's
+    latest attempt, from its start-up hook's report."""
+    pin = _pin_at(record.pin_path)
+    report = read_report(report_path_of(record.log_path)) if record.log_path else None
+    if report is None:
+        reason = ("nothing was fitted" if record.pin_path is None and pin is None else
+                  "its pin is gone" if pin is None else
+                  "not started" if record.log_path is None else "the train step was not called")
+        return {"program_pinned": False, "pinned_peak_bytes": pin.peak_bytes if pin else None,
+                "program_peak_bytes": None, "pin_reason": reason}
+    return {"program_pinned": bool(report.get("program_pinned")), "pinned_peak_bytes": report.get("pinned_peak_bytes"),
+            "program_peak_bytes": report.get("program_peak_bytes"), "pin_reason": report.get("reason")}
+
+
 def result_rows(store: StateStore) -> list[dict[str, Any]]:
     """The ``--json`` entries after a run: name, gpu, mem_fraction, batch_size, state, attempts, times..."""
     rows = []
     for record in store.experiments():
         data = record.to_dict()
+        data.update(pin_status(record))
         data["micro_batch_size"] = record.batch_size // max(1, record.grad_accum_steps)
         data["duration_seconds"] = (
             None if record.started_at is None or record.ended_at is None else round(record.ended_at - record.started_at, 3)

@@ -9,6 +9,7 @@ into budgets and answers into a :class:`FitResult`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -21,9 +22,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxfit import budget as budget_mod
-from jaxfit.cache import AnswerCache, default_cache_path
+from jaxfit.cache import AnswerCache, default_cache_path, usable_cache
 from jaxfit.compiler import CompileChild, CompileOutcome, DeviceInfo
-from jaxfit.errors import CompileError, ConfigError, DoesNotFitError
+from jaxfit.errors import CompileError, ConfigError, DoesNotFitError, JaxfitError
+from jaxfit.leftovers import cleaned
 from jaxfit.pin import Pin, discard_pin, pin_answer, rehome
 from jaxfit.pin import find as find_pin
 from jaxfit.search import Grid, prove, search
@@ -101,8 +103,12 @@ class FitOptions:
             raise ConfigError(f"--min-batch must be at least 1, got {self.min_batch}")
         return Grid(self.min_batch, self.max_batch, self.multiple_of)
 
-    def cache_file(self) -> str:
-        return str(self.cache_path or default_cache_path())
+    def cache_file(self) -> str | None:
+        """The cache file to use, or None (``use_cache`` off, or a cache that cannot be used:
+        :func:`jaxfit.cache.usable_cache` warns once and jaxfit runs without it)."""
+        if not self.use_cache:
+            return None
+        return usable_cache(self.cache_path or default_cache_path())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,12 +291,11 @@ def _answer_key(question: Mapping[str, Any], source: Mapping[str, Any]) -> str |
 
 def _cached_answer(options: FitOptions, question: Mapping[str, Any], source: Mapping[str, Any],
                    start: float) -> tuple[str | None, FitResult | None]:
-    if not options.use_cache:
-        return None, None
     key = _answer_key(question, source)
-    if key is None:
-        return None, None
-    store = AnswerCache(options.cache_file())
+    path = options.cache_file()
+    if key is None or path is None:
+        return key, None
+    store = AnswerCache(path)
     try:
         hit = store.get(key)
     finally:
@@ -304,9 +309,10 @@ def _cached_answer(options: FitOptions, question: Mapping[str, Any], source: Map
 
 
 def _store_answer(options: FitOptions, key: str | None, result: FitResult) -> None:
-    if key is None or not options.use_cache:
+    path = options.cache_file()
+    if key is None or path is None:
         return
-    store = AnswerCache(options.cache_file())
+    store = AnswerCache(path)
     try:
         store.put(key, result.to_dict())
     finally:
@@ -346,9 +352,43 @@ def _notify(progress: Progress | None, event: str, **data: Any) -> None:
         progress(event, data)
 
 
+def _note_found_step(progress: Progress | None, workload: Mapping[str, Any]) -> None:
+    """Say which function a probe took as the train step when it found it itself."""
+    found = str(workload.get("description", {}).get("step_found") or "")
+    if found.startswith("found"):
+        _notify(progress, "note", text=f"the probe took {workload.get('name')!r} as the train step ({found}); "
+                                       "pass --step-name to choose another")
+
+
 # -- fit: the largest batch ------------------------------------------------------------------------
 
 
+def _with_leftovers_cleaned(fit: Callable[..., FitResult]) -> Callable[..., FitResult]:
+    """Run a fit of a script inside :func:`jaxfit.leftovers.cleaned`: what its probes' start-up
+    created in the working folder is removed (or named) and said in the result's message."""
+
+    @functools.wraps(fit)
+    def wrapper(source: Mapping[str, Any], *args: Any, progress: Progress | None = None, **kwargs: Any) -> FitResult:
+        if source.get("kind") != "script":
+            return fit(source, *args, progress=progress, **kwargs)
+        try:
+            with cleaned(source.get("cwd"), exclude=(default_cache_path().parent,)) as left:
+                result = fit(source, *args, progress=progress, **kwargs)
+        except JaxfitError as err:
+            said = left.message()
+            if said:
+                raise type(err)(f"{err}; {said}") from None
+            raise
+        said = left.message()
+        if said:
+            result = dataclasses.replace(result, message=f"{result.message}; {said}")
+            _notify(progress, "note", text=said)
+        return result
+
+    return wrapper
+
+
+@_with_leftovers_cleaned
 def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
               progress: Progress | None = None) -> FitResult:
     """The largest batch whose compiled peak fits the budget of ``options.mem_fraction``.
@@ -383,7 +423,7 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
         _notify(progress, "cached", result=hit)
         return hit
 
-    cache_path = options.cache_file() if options.use_cache else None
+    cache_path = options.cache_file()
     child = CompileChild(source, fraction, cache_path=cache_path, start_timeout=options.start_timeout)
     _notify(progress, "starting", fraction=fraction, source=source)
     info = child.start()
@@ -422,6 +462,7 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
             grid = Grid(grid.low, grid.high, step)
             _notify(progress, "note", text=f"batch sizes are multiples of {step}: the script shards over "
                                             f"{info.device_count} devices")
+        _note_found_step(progress, child.workload_info)
         width = options.width or _default_width(info)
         # On a GPU the search compiles with autotuning off (cheap, and four run side by side in
         # about the time of one) and the answer is then proved on the program as it will really
@@ -519,6 +560,7 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
 FRACTION_STEPS = 100  # fractions are found to 0.01
 
 
+@_with_leftovers_cleaned
 def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions = FitOptions(),
                  progress: Progress | None = None) -> FitResult:
     """The smallest fraction (to 0.01) under which ``batch_size`` compiles to a peak that fits.
@@ -542,7 +584,7 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
     if hit is not None:
         _notify(progress, "cached", result=hit)
         return hit
-    cache_path = options.cache_file() if options.use_cache else None
+    cache_path = options.cache_file()
 
     # A first child under the whole device: the least-squeezed peak, the device, the overhead.
     pins: dict[int, Pin | None] = {}  # fraction units -> the program compiled there, written
@@ -564,6 +606,7 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
             _raise_compile_error(full)
         overhead = child.process_overhead() if info.limit_sensitive else {"bytes": 0, "method": "not a GPU"}
         workload_info = child.workload_info
+        _note_found_step(progress, workload_info)
         if not info.limit_sensitive and full.memory is not None:
             # The CPU compiler ignores the limit: this program is the answer at any fraction.
             units = min(FRACTION_STEPS, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS

@@ -21,6 +21,7 @@ from jaxfit.errors import ConfigError
 from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction, jaxfit_version
 from jaxfit.pin import Pin, hook_environment, read_report
 from jaxfit.report import write_json
+from jaxfit.tracking import resolve_mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,6 @@ class RunPlan:
       batch_size: The batch it runs at.
       settings: What reaches its wandb config under the key ``jaxfit``.
       fit: The fit that chose them (``None`` when both were given).
-      step_name: The jitted train step the start-up hook pins (the probe's, or ``--step-name``).
     """
 
     command: list[str]
@@ -43,7 +43,6 @@ class RunPlan:
     batch_size: int
     settings: dict[str, Any]
     fit: FitResult | None
-    step_name: str | None = None
 
     @property
     def pin(self) -> Pin | None:
@@ -273,8 +272,7 @@ def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> RunOutcome:
     env["JAXFIT_WANDB_CONFIG"] = str(settings_path)
     env.update(hook_environment(plan.pin, str(report_path)))
     env["PYTHONPATH"] = hooked_pythonpath()
-    if wandb_mode:
-        env["WANDB_MODE"] = wandb_mode
+    env["WANDB_MODE"] = resolve_mode(wandb_mode)  # offline without credentials, unless asked otherwise
     try:
         proc = subprocess.Popen(plan.command, env=env, start_new_session=True)
     except OSError as e:

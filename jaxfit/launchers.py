@@ -91,9 +91,16 @@ class Launcher(Protocol):
 
 def read_status(status_path: str) -> int | None:
     """The exit code the runner recorded, or None when it has not (yet) written one."""
+    status = read_status_file(status_path)
+    return None if status is None else int(status["exit_code"])
+
+
+def read_status_file(status_path: str) -> dict[str, float | int] | None:
+    """What the runner recorded at the end (``exit_code``, ``ended_at``), or None when it has not."""
     try:
         with open(status_path) as f:
-            return int(json.load(f)["exit_code"])
+            data = json.load(f)
+        return {"exit_code": int(data["exit_code"]), "ended_at": float(data["ended_at"])}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

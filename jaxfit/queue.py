@@ -114,7 +114,8 @@ class Experiment:
         return self.fraction is None
 
     def to_dict(self) -> dict[str, Any]:
-        """The experiment as JSON-ready data (``auto`` where the scheduler decides)."""
+        """The experiment as JSON-ready data (``auto`` where the scheduler decides; ``env`` lists the
+        variables it sets, not their values, which may be API keys)."""
         return {
             "name": self.name,
             "command": list(self.command),
@@ -124,7 +125,7 @@ class Experiment:
             "retries": self.retries,
             "priority": self.priority,
             "timeout": self.timeout,
-            "env": dict(self.env),
+            "env": sorted(self.env),  # which variables are set, never their values (they may be secrets)
         }
 
 

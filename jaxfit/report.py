@@ -17,16 +17,25 @@ from jaxfit.errors import ConfigError
 from jaxfit.fit import FitResult
 
 
-def check_writable(path: str | os.PathLike[str]) -> Path:
-    """Fail early (before a long fit) if ``path``'s folder does not exist or is not writable."""
+def check_writable(path: str | os.PathLike[str], flag: str = "--json") -> Path:
+    """Fail early (before a long fit) if ``path`` could not be written: its folder is missing, not a
+    folder or not writable (tried for real: a file is created there and removed), or it is a folder.
+
+    Raises:
+      ConfigError: one line naming ``flag`` and the path.
+    """
     p = Path(path)
     folder = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
-        raise ConfigError(f"--json {path} is a folder; give a file name such as {p / 'fit.json'}")
+        raise ConfigError(f"{flag} {path} is a folder; give a file name such as {p / ('out' + (p.suffix or '.json'))}")
     if not folder.is_dir():
-        raise ConfigError(f"--json {path}: folder {folder} does not exist; create it or choose another path")
-    if not os.access(folder, os.W_OK):
-        raise ConfigError(f"--json {path}: folder {folder} is not writable")
+        raise ConfigError(f"{flag} {path}: folder {folder} does not exist; create it or choose another path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: folder {folder} is not writable ({e.strerror or e})") from None
     return p
 
 
@@ -73,8 +82,31 @@ def result_table(result: FitResult) -> Table:
     return table
 
 
-def print_result(result: FitResult, console: Console) -> None:
-    """The table, then a summary of the answer."""
+def run_line(result: FitResult, command: list[str] | None = None, batch_flag: str = "--batch-size") -> str:
+    """``run with: ENV... COMMAND --batch-size=N``: the environment that runs the proven program in a
+    user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch."""
+    import shlex
+
+    from jaxfit.command import with_batch
+
+    env = result.run_env()
+    words = [f"{key}={shlex.quote(value)}" for key, value in env.items() if key != "PYTHONPATH"]
+    if "PYTHONPATH" in env:
+        words.insert(1, f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])}${{PYTHONPATH:+:$PYTHONPATH}}")
+    if command and result.mode == "batch":
+        words.append(shlex.join(with_batch(command, batch_flag, result.batch_size)))
+    elif command:
+        words.append(shlex.join(command))
+    elif result.mode == "batch":
+        words.append(f"... {batch_flag}={result.batch_size}")
+    else:
+        words.append("...")
+    return "run with: " + " ".join(words)
+
+
+def print_result(result: FitResult, console: Console, command: list[str] | None = None,
+                 batch_flag: str = "--batch-size") -> None:
+    """The table, then a summary of the answer, then how to run it (:func:`run_line`)."""
     console.print(result_table(result))
     total = result.device.get("total_bytes")
     console.print(
@@ -86,10 +118,13 @@ def print_result(result: FitResult, console: Console) -> None:
         + (f"; per-process overhead outside the pool: {format_bytes(result.process_overhead_bytes)}"
            if result.process_overhead_bytes else "")
     )
-    if result.mode == "batch":
-        console.print(
-            f"run with: XLA_PYTHON_CLIENT_MEM_FRACTION={result.mem_fraction:g} ... --batch-size={result.batch_size}"
-        )
+    console.print(run_line(result, command, batch_flag), highlight=False, soft_wrap=True, markup=False)
+    if result.pinned:
+        console.print("(JAXFIT_PIN makes the train step load the very program proved above; without it the "
+                      "training process compiles its own, which near the limit can need more memory)",
+                      style="dim", highlight=False)
+    elif result.pin_note:
+        console.print(f"({result.pin_note})", style="dim", highlight=False)
 
 
 class ProgressPrinter:
@@ -116,8 +151,12 @@ class ProgressPrinter:
         elif event == "compiled":
             o = data["outcome"]
             where = f" @ {data['fraction']:.2f}" if "fraction" in data else ""
-            if o.memory is None:
+            if o.memory is None and o.oom:
                 c.print(f"[dim]  batch {o.batch_size}{where}: out of memory while compiling ({o.compile_seconds:.1f} s)[/]")
+            elif o.memory is None:
+                error = (o.error or "unknown error").strip().splitlines()[0][:160]
+                c.print(f"  batch {o.batch_size}{where}: failed to compile: {error}", markup=False, style="dim",
+                        highlight=False)
             else:
                 fits = o.memory.peak_bytes <= data["budget"]
                 c.print(

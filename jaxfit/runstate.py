@@ -28,6 +28,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxfit.errors import ConfigError
+
 FINAL_STATES = ("done", "failed", "timeout")
 """States ``--resume`` leaves alone."""
 
@@ -38,7 +40,7 @@ CREATE TABLE IF NOT EXISTS experiments (
     batch_size INTEGER NOT NULL, grad_accum_steps INTEGER NOT NULL,
     need_bytes INTEGER NOT NULL, command TEXT NOT NULL, env TEXT NOT NULL, retries INTEGER NOT NULL,
     timeout REAL, state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, crashes INTEGER NOT NULL DEFAULT 0,
-    pid INTEGER, started_at REAL, ended_at REAL, exit_code INTEGER, reason TEXT, log_path TEXT
+    pid INTEGER, started_at REAL, ended_at REAL, exit_code INTEGER, reason TEXT, log_path TEXT, pin_path TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
     name TEXT NOT NULL, attempt INTEGER NOT NULL, batch_size INTEGER NOT NULL, grad_accum_steps INTEGER NOT NULL,
@@ -66,7 +68,8 @@ class ExperimentRecord:
       grad_accum_steps: The accumulation of its latest (or next) attempt.
       need_bytes: The physical memory the plan charges it on its GPU (pool + per-process overhead).
       command: Its command as planned (batch and accumulation flags are set per attempt).
-      env: Extra environment variables from the queue.
+      env: The names of the extra environment variables the queue sets (their values are not
+        stored: they may be secrets; the scheduler takes them from the queue file).
       retries: How many crashes it may be started again after.
       timeout: Seconds before it is stopped (None: no limit).
       state: See the module docstring.
@@ -78,6 +81,8 @@ class ExperimentRecord:
       exit_code: The exit code of the latest attempt.
       reason: Why it is in its state (one line).
       log_path: The log file of the latest attempt.
+      pin_path: The ``pin.json`` of the program its fit proved (a copy in the state folder; None:
+        nothing pinned), which its attempts load (:mod:`jaxfit.pin`).
     """
 
     name: str
@@ -88,7 +93,7 @@ class ExperimentRecord:
     grad_accum_steps: int
     need_bytes: int
     command: tuple[str, ...]
-    env: dict[str, str]
+    env: tuple[str, ...]
     retries: int
     timeout: float | None
     state: str = "pending"
@@ -100,6 +105,7 @@ class ExperimentRecord:
     exit_code: int | None = None
     reason: str | None = None
     log_path: str | None = None
+    pin_path: str | None = None
 
     @property
     def final(self) -> bool:
@@ -110,6 +116,7 @@ class ExperimentRecord:
         """The ``--json`` entry: name, gpu, mem_fraction, batch_size, state, attempts, times, and more."""
         data = dataclasses.asdict(self)
         data["command"] = list(self.command)
+        data["env"] = list(self.env)
         return data
 
 
@@ -149,13 +156,35 @@ class StateStore:
     """The SQLite file of one schedule. Safe to use from several threads of one process."""
 
     def __init__(self, path: str | Path) -> None:
+        """Open (or create) the state file.
+
+        Raises:
+          ConfigError: the folder cannot be written, or the file is not a readable SQLite state
+            (state is not disposable, so it is never replaced: the message says what to do).
+        """
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False, isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise ConfigError(f"cannot open the schedule state {self.path}: {getattr(e, 'strerror', None) or e}; "
+                              "choose a writable folder with --state-dir") from None
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(experiments)")}
+            if "pin_path" not in columns:  # a state written by jaxfit 0.2
+                self._db.execute("ALTER TABLE experiments ADD COLUMN pin_path TEXT")
+        except sqlite3.Error as e:
+            self._db.close()
+            readonly = isinstance(e, sqlite3.OperationalError) and "readonly" in str(e)
+            raise ConfigError(
+                f"cannot use the schedule state {self.path}: "
+                + (f"its folder is not writable ({e}); choose another with --state-dir" if readonly else
+                   f"it is not a readable jaxfit state ({e}); move it aside to start afresh, or pass --state-dir")
+            ) from None
 
     def close(self) -> None:
         """Close the file."""
@@ -199,7 +228,7 @@ class StateStore:
             if column == "command":
                 value = json.dumps(list(value))
             elif column == "env":
-                value = json.dumps(dict(value))
+                value = json.dumps(sorted(value))  # names only
             values.append(value)
         return tuple(values)
 
@@ -213,7 +242,8 @@ class StateStore:
         for row in rows:
             data = dict(zip(_EXPERIMENT_COLUMNS, row))
             data["command"] = tuple(json.loads(data["command"]))
-            data["env"] = json.loads(data["env"])
+            env = json.loads(data["env"])
+            data["env"] = tuple(sorted(env))  # (a dict in states of jaxfit 0.2: only its names are kept)
             out.append(ExperimentRecord(**data))
         return out
 

@@ -73,6 +73,8 @@ class ScheduledRun:
         (1: none); the compiled micro-batch is ``batch_size / grad_accum_steps``.
       fitted: Whether anything was fitted (False: batch and fraction both given).
       priority: The experiment's priority.
+      pin: The proven program of its fit (:class:`jaxfit.pin.Pin` as a dict), which its training
+        process loads; None when nothing was fitted or it could not be stored.
     """
 
     name: str
@@ -83,6 +85,7 @@ class ScheduledRun:
     grad_accum_steps: int
     fitted: bool
     priority: int = 0
+    pin: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data."""
@@ -150,6 +153,7 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
         raise ConfigError(f"global_batch {global_batch} is not a multiple of batch {experiment.batch}; "
                           "make it one so every optimizer step sees the same number of samples")
     steps = 1
+    pin: dict[str, Any] | None = None
     if experiment.batch is not None and experiment.fraction is not None:
         batch, fraction, peak, fitted = experiment.batch, experiment.fraction, None, False
         if global_batch is not None:
@@ -180,12 +184,13 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
                                                     micro_limit=result.batch_size, progress=progress,
                                                     label=f"{name}: ", hint=QUEUE_HINT)
         batch, fraction, peak, fitted = result.batch_size, result.mem_fraction, result.peak_bytes, True
+        pin = result.pin
         # The fit proved this fraction holds the peak (on a GPU the peak depends on the limit, so
         # a smaller fraction worked out from the peak alone is not proven): the run needs it.
         need = packing.Need(name, peak_bytes=peak, fraction=fraction, priority=priority, headroom_bytes=headroom)
     run = ScheduledRun(
         name=name, command=with_steps(experiment.command, batch, steps), batch_size=batch,
-        mem_fraction=fraction, peak_bytes=peak, grad_accum_steps=steps, fitted=fitted, priority=priority,
+        mem_fraction=fraction, peak_bytes=peak, grad_accum_steps=steps, fitted=fitted, priority=priority, pin=pin,
     )
     return run, need
 

@@ -24,7 +24,7 @@ from jaxfit.budget import format_bytes
 from jaxfit.devices import detect_gpus, visible_entry
 from jaxfit.errors import ConfigError
 from jaxfit.execute import (
-    ExecuteOptions, ScheduleLock, Scheduler, create_state, ensure_no_schedule, open_state, result_rows,
+    ExecuteOptions, ScheduleLock, Scheduler, create_state, ensure_no_schedule, open_state, pin_status, result_rows,
 )
 from jaxfit.fit import FitOptions, Progress
 from jaxfit.launchers import Launcher, LocalLauncher
@@ -74,7 +74,7 @@ def status_table(store: StateStore, title: str = "") -> Table:
     table = Table(title=title or None, title_justify="left")
     for column, justify in (("experiment", "left"), ("gpu", "right"), ("fraction", "right"), ("batch", "right"),
                             ("accum", "right"), ("need", "right"), ("state", "left"), ("attempts", "right"),
-                            ("time", "right"), ("note", "left")):
+                            ("time", "right"), ("pinned", "center"), ("note", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     now = time.time()
     colours = {"done": "green", "running": "cyan", "failed": "red", "timeout": "red", "interrupted": "yellow"}
@@ -84,8 +84,12 @@ def status_table(store: StateStore, title: str = "") -> Table:
             elapsed = f"{(r.ended_at or now) - r.started_at:.0f} s"
         colour = colours.get(r.state)
         state = f"[{colour}]{r.state}[/]" if colour else r.state
+        pinned = "-"
+        if r.attempts:
+            status = pin_status(r)
+            pinned = "yes" if status["program_pinned"] else "no"
         table.add_row(r.name, str(r.gpu), f"{r.mem_fraction:.2f}", str(r.batch_size), str(r.grad_accum_steps),
-                      format_bytes(r.need_bytes), state, str(r.attempts), elapsed, r.reason or "")
+                      format_bytes(r.need_bytes), state, str(r.attempts), elapsed, pinned, r.reason or "")
     return table
 
 
@@ -220,7 +224,8 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
             console.print(f"the finished schedule that was in {state_dir} is now in {archived}", highlight=False)
         launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
         store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
-        scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))
+        scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet),
+                              env={e.name: e.env for e in queue.experiments})
         try:
             return _run(store, scheduler, state_dir, console, quiet=quiet, monitor_interval=options.monitor_interval,
                         timeline_path=timeline_path or state_dir / "timeline.png")
@@ -228,16 +233,37 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
             store.close()
 
 
-def resume_schedule(state_dir: Path, *, console: Console, execute_options: ExecuteOptions = ExecuteOptions(),
-                    ray_address: str | None = None, quiet: bool = False,
-                    timeline_path: Path | None = None) -> Outcome:
-    """Continue the schedule stored in ``state_dir``: adopt live attempts, never re-run finished ones.
+def queue_env(store: StateStore, queue: Queue | None) -> dict[str, dict[str, str]]:
+    """The values of each experiment's ``env`` (the state keeps only their names) from the queue file.
 
     Raises:
-      ConfigError: no schedule there, or its backend cannot be resumed.
+      ConfigError: an unfinished experiment sets variables the queue file no longer gives.
+    """
+    given = {e.name: dict(e.env) for e in queue.experiments} if queue is not None else {}
+    for record in store.experiments():
+        missing = [key for key in record.env if key not in given.get(record.name, {})]
+        if missing and not record.final:
+            raise ConfigError(
+                f"experiment {record.name!r} sets {', '.join(missing)} in its env, whose values jaxfit does not "
+                f"store (they may be secrets); resume with the queue file that gives them: "
+                f"jaxfit schedule QUEUE.yaml --resume")
+    return given
+
+
+def resume_schedule(state_dir: Path, *, console: Console, execute_options: ExecuteOptions = ExecuteOptions(),
+                    ray_address: str | None = None, quiet: bool = False,
+                    timeline_path: Path | None = None, queue: Queue | None = None) -> Outcome:
+    """Continue the schedule stored in ``state_dir``: adopt live attempts, never re-run finished ones.
+
+    Args:
+      queue: The queue file, read again for the values of the experiments' ``env``.
+
+    Raises:
+      ConfigError: no schedule there, its backend cannot be resumed, or env values are missing.
     """
     store = open_state(state_dir)
     try:
+        env = queue_env(store, queue)
         with ScheduleLock(state_dir):
             backend = store.meta("backend", "local")
             logical = bool(store.meta("logical", False))
@@ -245,7 +271,7 @@ def resume_schedule(state_dir: Path, *, console: Console, execute_options: Execu
                                      logical_gpus=len(store.meta("plan")["gpus"]) if logical else None)
             options = dataclasses.replace(execute_options, wandb_group=execute_options.wandb_group
                                           or store.meta("wandb_group"))
-            scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet))
+            scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet), env=env)
             scheduler.reattach()
             return _run(store, scheduler, state_dir, console, quiet=quiet,
                         monitor_interval=options.monitor_interval,

@@ -42,7 +42,7 @@ def entry_source(entry: str, path: str | None = None) -> dict[str, Any]:
 
 def script_source(
     command: list[str],
-    step_name: str = "train_step",
+    step_name: str | None = None,
     batch_flag: str = "--batch-size",
     batch_arg: int | None = None,
     probe_args: list[str] | None = None,
@@ -52,7 +52,9 @@ def script_source(
     Args:
       command: The command that starts training, e.g. ``["uv", "run", "scripts/train.py", "debug",
         "--exp-name=x"]``. It runs in its own environment; jaxfit need not be installed there.
-      step_name: The name of the jitted train step (looked up through ``functools.partial``).
+      step_name: The name of the jitted train step (looked up through ``functools.partial``);
+        ``None``: ``train_step``, or else the first jitted function that looks like a train step
+        (it donates an argument and takes a batch, or is called a second time with one).
       batch_flag: The script's batch-size flag; its value in ``command`` (if any) identifies the
         batch among the step's arguments.
       batch_arg: Which positional argument of the step is the batch (default: found by shape).
@@ -62,7 +64,7 @@ def script_source(
     """
     from jaxfit.command import batch_value, check_command
 
-    if not step_name.isidentifier():
+    if step_name is not None and not step_name.isidentifier():
         raise ConfigError(f"--step-name {step_name!r} is not a Python function name")
     if not batch_flag.startswith("-"):
         raise ConfigError(f"--batch-flag {batch_flag!r} must be a flag, e.g. --batch-flag=--batch-size")

@@ -110,6 +110,28 @@ def persistent_cache_off() -> Iterator[None]:
             set_persistent_cache(True)
 
 
+@contextlib.contextmanager
+def runtime_typechecks_off() -> Iterator[None]:
+    """Lower with jaxtyping's run-time checks off (restored after), where the script uses jaxtyping.
+
+    ``Lowered`` objects describe their arguments by rebuilding the argument pytrees with
+    ``ArgInfo`` leaves (jax 0.5's ``make_args_info``); a container that type-checks its fields when
+    built (openpi's ``TrainState``: jaxtyping with beartype) rejects them, so the step could not be
+    lowered at all. The checks add no operations to the program: its fingerprint is unchanged.
+    """
+    jaxtyping = sys.modules.get("jaxtyping")
+    config = getattr(jaxtyping, "config", None)
+    was = getattr(config, "jaxtyping_disable", None)
+    if config is None or was is None:
+        yield
+        return
+    config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        config.update("jaxtyping_disable", was)
+
+
 def function_name(fun: Any) -> str:
     """The name of a function, looking through ``functools.partial`` and wrappers: what a jitted
     step is known by (``jax.jit(functools.partial(train_step, config))`` is ``train_step``)."""
@@ -284,7 +306,7 @@ class Server:
         """Lower and compile at ``batch``; never raises (errors are answers)."""
         start = time.perf_counter()
         try:
-            with self._lower_lock:
+            with self._lower_lock, runtime_typechecks_off():
                 lowered = self.lower(batch)
                 fingerprint = program_fingerprint(lowered)
             options: Dict[str, Any] = {}
@@ -307,6 +329,8 @@ class Server:
                     "compile_s": time.perf_counter() - start, "fingerprint": fingerprint}
         except Exception as e:  # an answer, not a crash: the parent decides what it means
             message = "%s: %s" % (type(e).__name__, e)
+            if os.environ.get("JAXFIT_DEBUG"):
+                traceback.print_exc()
             return {"batch": batch, "ok": False, "oom": is_out_of_memory(message), "error": message,
                     "traceback": traceback.format_exc(limit=8), "compile_s": time.perf_counter() - start}
 
@@ -331,7 +355,7 @@ class Server:
                 kept = self._kept.get(batch)
             recompiled = kept is None
             if kept is None:
-                with self._lower_lock:
+                with self._lower_lock, runtime_typechecks_off():
                     lowered = self.lower(batch)
                     fingerprint = program_fingerprint(lowered)
                 compiled = lowered.compile()

@@ -56,6 +56,11 @@ def _write_json(path: str, data: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
 def load_pin(path: str) -> Dict[str, Any]:
     """The pin's metadata (raises OSError or ValueError when it is missing or unreadable)."""
     with open(path) as f:
@@ -124,6 +129,8 @@ class PinnedStep:
         import jax
 
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):  # called inside another traced function
+            return self._jitted(*args, **kwargs)
         signature = (tree, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__)))
                                  for x in leaves))
         compiled = self._program(signature, args, kwargs)
@@ -149,7 +156,15 @@ class PinnedStep:
             sys.path.insert(0, here)
         import jaxfit_compile_server as server_mod
 
-        lowered = self._jitted.lower(*args, **kwargs)
+        try:
+            with server_mod.runtime_typechecks_off():
+                lowered = self._jitted.lower(*args, **kwargs)
+        except Exception as e:  # never break the training over jaxfit's check: run the step as it is
+            self._record(pinned=False, peak=None, reason="the step could not be lowered for the check (%s: %s)"
+                         % (type(e).__name__, _first_line(e)))
+            print("jaxfit: the train step runs unchecked: it could not be lowered (%s)" % type(e).__name__,
+                  file=sys.stderr, flush=True)
+            return None
         pin = self._pin
         reason = self._pin_error
         if pin is not None:
@@ -161,9 +176,10 @@ class PinnedStep:
                 folder = os.path.dirname(os.path.abspath(self._pin_path))
                 with open(os.path.join(folder, pin.get("executable", "executable.bin")), "rb") as f:
                     payload = f.read()
-                compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
+                with server_mod.runtime_typechecks_off():  # it rebuilds the argument pytrees too
+                    compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
             except Exception as e:  # a truncated or foreign file: compile as usual, checked
-                reason = "the pinned executable could not be loaded (%s: %s)" % (type(e).__name__, str(e)[:200])
+                reason = "the pinned executable could not be loaded (%s: %s)" % (type(e).__name__, _first_line(e))
             else:
                 self._record(pinned=True, peak=int(pin["peak_bytes"]), reason=None)
                 print("jaxfit: the train step runs the program jaxfit proved (peak %s of a %s budget, batch %s)"
@@ -189,7 +205,7 @@ class PinnedStep:
               file=sys.stderr, flush=True)
         return compiled
 
-    def _record(self, *, pinned: bool, peak: int, reason: Optional[str], stopped: bool = False) -> None:
+    def _record(self, *, pinned: bool, peak: Optional[int], reason: Optional[str], stopped: bool = False) -> None:
         pin = self._pin or {}
         self._decisions.append({"program_pinned": pinned, "program_peak_bytes": peak, "reason": reason,
                                 "stopped": stopped})

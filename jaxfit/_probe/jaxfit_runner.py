@@ -3,11 +3,13 @@
 Usage: ``python jaxfit_runner.py STATUS.json -- command args...`` (standard library only).
 
 The scheduler starts this runner as the leader of a new process session, with its output already
-sent to the attempt's log file. The runner starts the command in the same process group, passes on
-SIGINT, SIGTERM and SIGHUP, waits for it, and then writes ``{"exit_code", "ended_at", "pid"}`` to
-STATUS.json atomically (``exit_code`` is negative for a signal, as in ``subprocess``). If the
-scheduler is killed, even by SIGKILL, the runner keeps the command going and still records its
-end, so ``jaxfit schedule --resume`` can adopt the attempt instead of losing or repeating it.
+sent to the attempt's log file. The runner starts the command in a process group of its own, passes
+SIGINT, SIGTERM and SIGHUP on to that whole group, waits for the command, writes
+``{"exit_code", "ended_at", "pid"}`` to STATUS.json atomically (``exit_code`` is negative for a
+signal, as in ``subprocess``), and then ends whatever the command left in its group (data-loader
+workers that outlive a crashed or killed run hold gigabytes). If the scheduler is killed, even by
+SIGKILL, the runner keeps the command going and still records its end, so
+``jaxfit schedule --resume`` can adopt the attempt instead of losing or repeating it.
 """
 
 from __future__ import annotations
@@ -40,14 +42,14 @@ def main(argv: list) -> int:
         # A Python handler (not SIG_IGN) so the command starts with default signal handling.
         if child is not None and child.poll() is None:
             try:
-                child.send_signal(signum)
-            except ProcessLookupError:
+                os.killpg(child.pid, signum)
+            except (ProcessLookupError, PermissionError):
                 pass
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, process_group=0)
     except OSError as e:
         print(f"jaxfit: cannot start {command[0]!r}: {e.strerror}", flush=True)
         _write_status(status_path, {"exit_code": 127, "ended_at": time.time(), "pid": None})
@@ -60,6 +62,10 @@ def main(argv: list) -> int:
             continue
     sys.stdout.flush()
     _write_status(status_path, {"exit_code": code, "ended_at": time.time(), "pid": child.pid})
+    try:  # what the command started and left behind ends with it
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     return code if code >= 0 else 128 - code
 
 

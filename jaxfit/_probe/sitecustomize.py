@@ -207,6 +207,8 @@ def _resized(tree: Any, batch: int) -> Any:
 
 def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None:
     """Answer jaxfit's compile requests for this step, then end the process."""
+    global _serving
+    _serving = True
     _importable()
     import jaxfit_compile_server as server_mod
 
@@ -238,6 +240,16 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
 
 _calls: "dict[str, int]" = {}
 """How often the script called each watched jitted function (before the step was taken)."""
+_serving = False
+"""Set once the step is taken: every later call is part of compiling it."""
+
+
+def _traced(args: tuple, kwargs: dict) -> bool:
+    """Whether a call happens inside a trace (its arguments are tracers): a nested jit, not a step."""
+    import jax
+
+    tracer = getattr(jax.core, "Tracer", None)
+    return tracer is not None and any(isinstance(x, tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
 
 
 def _donated(jit_kwargs: "dict[str, Any]") -> "tuple[int, ...]":
@@ -261,17 +273,20 @@ def _step_like(args: tuple, donated: "tuple[int, ...]") -> "Optional[str]":
     return "it takes a batch (argument %d) next to other arrays" % index
 
 
-def _stop_training(name: str) -> None:
-    """A training loop is running and no step was taken: stop the script, tell jaxfit what it called."""
+def _stop_training(name: str, why: str) -> None:
+    """The script is about to train and no step was taken: stop it before that call runs, and tell
+    jaxfit what it called."""
     called = ", ".join("%s (%d)" % (n, c) for n, c in sorted(_calls.items(), key=lambda kv: -kv[1]))
     _importable()
     import jaxfit_compile_server as server_mod
 
+    again = _calls.get(name, 0) >= 2
     server_mod.send_error(
         _open_channels()[1], "user", "WorkloadError",
-        "the script never called a jitted function named %r, and it started a training loop (it called %r a "
-        "second time), so the probe stopped it before that step ran; jitted functions it called (times): %s; "
-        "pass --step-name with the name of its train step, e.g. --step-name %s" % (STEP_NAME, name, called, name))
+        "the script never called a jitted function named %r, and it was about to train (%r %s; %s), so the probe "
+        "stopped it before that call ran; jitted functions it called (times): %s; pass --step-name with the "
+        "name of its train step, e.g. --step-name %s"
+        % (STEP_NAME, name, "was called a second time" if again else "looks like a train step", why, called, name))
     os._exit(3)
 
 
@@ -287,7 +302,7 @@ class _Watched:
         functools.update_wrapper(self, jitted, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not _claim():
+        if not _claim() or _serving or _traced(args, kwargs):  # a call inside a traced function is no step
             return self._jitted(*args, **kwargs)
         with _lock:
             count = _calls[self._name] = _calls.get(self._name, 0) + 1
@@ -300,8 +315,8 @@ class _Watched:
         if why is not None and STEP_AUTO and not named_pending and (count >= 2 or "donates" in why):
             _serve(self._jitted, self._fun, args, kwargs,
                    "found: %s%s" % (why, "; called a second time" if count >= 2 else ""))
-        if why is not None and count >= 2:
-            _stop_training(self._name)
+        if why is not None and (count >= 2 or "donates" in why):
+            _stop_training(self._name, why)
         return self._jitted(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

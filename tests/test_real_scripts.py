@@ -1,0 +1,153 @@
+"""The probe against what real training scripts do (the failing shapes met on the real openpi).
+
+``tests/fixtures/shaped_train.py`` reproduces each shape with one flag: data-loader workers
+(spawned and forked), a run-time type-checked train state and batch (jaxtyping + beartype, as
+openpi's ``@at.typecheck``), JAX's persistent compilation cache turned on by the script, a step
+not named ``train_step``, and state written before the first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, REPO, error_line
+
+from jaxfit.compiler import CompileOutcome
+from jaxfit.memory import MemoryReport
+from jaxfit.report import ProgressPrinter
+
+SHAPED = str(FIXTURES / "shaped_train.py")
+TRAIN = str(REPO / "scripts" / "train.py")
+SMALL = ["--device-memory", "64MiB", "--mem-fraction", "0.5", "--max-batch", "256"]
+
+
+def _fit(run_cli, tmp_path: Path, *flags: str, args: tuple[str, ...] = ()) -> dict:
+    proc = run_cli("fit", "--script", *SMALL, *args, "--json", "fit.json", "--", sys.executable, SHAPED, *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((tmp_path / "fit.json").read_text())
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_data_loader_workers_leave_the_probe_alone(tmp_path, run_cli, start):
+    """Workers inherit the start-up hook (PYTHONPATH) but not its descriptors: they must stay inert."""
+    fit = _fit(run_cli, tmp_path, "--workers", start)
+    assert fit["outcome"] == "max" and fit["workload"]["name"] == "train_step"
+
+
+def test_a_type_checked_state_and_step_are_probed_without_settings(tmp_path, run_cli):
+    fit = _fit(run_cli, tmp_path, "--typecheck")
+    plain = json.loads(json.dumps(_fit(run_cli, tmp_path)))
+    assert [c["peak_bytes"] for c in fit["candidates"]] == [c["peak_bytes"] for c in plain["candidates"]]
+
+
+def test_a_type_checked_step_runs_its_pinned_program(tmp_path, run_cli):
+    proc = run_cli("run", *SMALL, "--json", "plan.json", "--", sys.executable, SHAPED, "--typecheck", "--steps", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "plan.json").read_text())["program_pinned"] is True
+
+
+def test_a_compile_error_is_reported_as_what_it_is_in_the_progress_line():
+    lines: list[str] = []
+
+    class Console:
+        def print(self, text, **_kwargs):
+            lines.append(str(text))
+
+    printer = ProgressPrinter(Console())  # type: ignore[arg-type]
+    printer("compiled", {"outcome": CompileOutcome(3, None, 1.0, error="TypeCheckError: bad leaf\nmore"), "budget": 1})
+    printer("compiled", {"outcome": CompileOutcome(4, None, 1.0, oom=True, error="RESOURCE_EXHAUSTED"), "budget": 1})
+    printer("compiled", {"outcome": CompileOutcome(5, MemoryReport(1, 1, 0, 1), 1.0), "budget": 10})
+    assert "batch 3: failed to compile: TypeCheckError: bad leaf" in lines[0] and "memory" not in lines[0]
+    assert "batch 4: out of memory while compiling" in lines[1]
+    assert "batch 5: peak 3 B fits" in lines[2]
+
+
+def test_peaks_do_not_depend_on_the_scripts_persistent_compilation_cache(tmp_path, run_cli):
+    """The script turns JAX's persistent cache on: the probe neither reads nor fills it."""
+    cache = tmp_path / "jax-cache"
+    first = _fit(run_cli, tmp_path, "--cache-dir", str(cache), args=("--no-cache",))
+    assert not [p for p in cache.glob("*") if "train_step" in p.name], sorted(os.listdir(cache))
+    again = _fit(run_cli, tmp_path, "--cache-dir", str(cache), args=("--no-cache",))
+    assert [c["peak_bytes"] for c in again["candidates"]] == [c["peak_bytes"] for c in first["candidates"]]
+    assert all(c["alias_bytes"] > 0 for c in again["candidates"])  # the donated state, read from the program
+
+
+def test_run_is_offline_without_credentials(tmp_path, run_cli, monkeypatch):
+    """No WANDB_MODE, no API key, no ~/.netrc: the script's wandb run is offline, not an error."""
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_SILENT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    proc = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug",
+                   "--exp-name=offline", f"--checkpoint-base-dir={tmp_path / 'ck'}", "--num-train-steps=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_a_step_that_is_never_called_stops_the_script_before_it_trains(tmp_path, run_cli):
+    checkpoints = tmp_path / "ck"
+    proc = run_cli("fit", "--script", "--step-name", "nosuch_step", *SMALL, "--probe-timeout", "120", "--",
+                   sys.executable, SHAPED, "--steps", "50", "--checkpoint-dir", "ck")
+    line = error_line(proc)
+    assert "never called a jitted function named 'nosuch_step'" in line
+    assert "'train_step' looks like a train step; it donates argument 0" in line
+    assert "train_step (1)" in line and "--step-name train_step" in line
+    assert not list(checkpoints.glob("*/1")), "the probe let the script train"
+    assert not checkpoints.exists() and "removed what the probe's start-up created: ck" in line
+
+
+def test_a_step_with_another_name_is_found_and_said(tmp_path, run_cli):
+    proc = run_cli("fit", "--script", *SMALL, "--json", "fit.json", "--", sys.executable, SHAPED, "--step-fn", "update")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the probe took 'update' as the train step (found: it donates argument 0" in proc.stderr.replace("\n", " ")
+    fit = json.loads((tmp_path / "fit.json").read_text())
+    assert fit["workload"]["name"] == "update" and fit["pin"]["step_name"] == "update"
+
+
+def test_state_written_before_the_first_step_is_removed_or_named(tmp_path, run_cli):
+    checkpoints = tmp_path / "ck"
+    empty = run_cli("fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--checkpoint-dir", "ck")
+    assert empty.returncode == 0, empty.stderr[-2000:]
+    assert "removed what the probe's start-up created: ck" in empty.stdout.replace("\n", " ")
+    assert not checkpoints.exists()
+    step0 = run_cli("fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--checkpoint-dir", "ck",
+                    "--step0-checkpoint")
+    assert step0.returncode == 0, step0.stderr[-2000:]
+    said = step0.stdout.replace("\n", " ")
+    assert "ck appeared with data in it and was left in place" in said and "--probe-arg" in said
+    assert (checkpoints / "run" / "0" / "state.txt").exists()  # data is never deleted
+
+
+def test_the_missing_step_error_lists_called_functions_before_jitted_ones(tmp_path, run_cli):
+    proc = run_cli("fit", "--script", "--step-name", "nosuch", "--probe-timeout", "20", *SMALL, "--",
+                   sys.executable, "-c",
+                   "import time, jax, jax.numpy as jnp\n"
+                   "f = jax.jit(lambda x: x + 1)\n"
+                   "def helper(x): return x * 2\n"
+                   "g = jax.jit(helper)\n"
+                   "f(jnp.ones(2)); f(jnp.ones(2)); time.sleep(60)")
+    line = error_line(proc)
+    assert "timed out after 20 s" in line
+    assert "jitted functions it called (times, at least): <lambda> (2)" in line
+    assert "jitted but not called: helper" in line and "gammasgn" not in line
+
+
+def test_the_tail_of_a_failed_probe_keeps_the_scripts_error_line(tmp_path, run_cli):
+    code = ("import sys\n"
+            "print('error: config nosuch_config not found; available: debug, gpt_small', file=sys.stderr)\n"
+            "for i in range(40): print('detail line', i, file=sys.stderr)\n"
+            "sys.exit(2)")
+    proc = run_cli("fit", "--script", *SMALL, "--", sys.executable, "-c", code)
+    assert proc.returncode == 2
+    assert "config nosuch_config not found" in proc.stderr
+
+
+def test_run_with_a_custom_batch_flag_prints_it(tmp_path, run_cli):
+    proc = run_cli("fit", "--script", *SMALL, "--batch-flag=--bs", "--", sys.executable, SHAPED, "--bs", "4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_with = [line for line in proc.stdout.replace("\n", " ").split("run with: ")[1:]][0]
+    assert "--bs=" in run_with and "--batch-size" not in run_with
