@@ -41,18 +41,19 @@ def next_accumulation(global_batch: int, steps: int) -> int | None:
     return None
 
 
-def with_steps(command: Sequence[str], batch: int, steps: int, batch_flag: str = BATCH_FLAG) -> tuple[str, ...]:
-    """``command`` with ``batch_flag=batch`` and, when accumulating or already set, ``--grad-accum-steps``."""
+def with_steps(command: Sequence[str], batch: int, steps: int, batch_flag: str = BATCH_FLAG,
+               accum_flag: str = ACCUM_FLAG) -> tuple[str, ...]:
+    """``command`` with ``batch_flag=batch`` and, when accumulating or already set, ``accum_flag=steps``."""
     out = with_batch(list(command), batch_flag, batch)
-    if steps > 1 or batch_value(out, ACCUM_FLAG) is not None:
-        out = with_batch(out, ACCUM_FLAG, steps)
+    if steps > 1 or batch_value(out, accum_flag) is not None:
+        out = with_batch(out, accum_flag, steps)
     return tuple(out)
 
 
-def accumulated_command(command: Sequence[str], global_batch: int, steps: int,
-                        batch_flag: str = BATCH_FLAG) -> list[str]:
-    """``command`` with ``batch_flag=global_batch`` and ``--grad-accum-steps=steps``, even for 1."""
-    return with_batch(list(with_steps(command, global_batch, steps, batch_flag)), ACCUM_FLAG, steps)
+def accumulated_command(command: Sequence[str], global_batch: int, steps: int, batch_flag: str = BATCH_FLAG,
+                        accum_flag: str = ACCUM_FLAG) -> list[str]:
+    """``command`` with ``batch_flag=global_batch`` and ``accum_flag=steps``, even for 1."""
+    return with_batch(list(with_steps(command, global_batch, steps, batch_flag, accum_flag)), accum_flag, steps)
 
 
 def fit_accumulated(source: Mapping[str, Any], global_batch: int, options: FitOptions, *,
@@ -82,7 +83,8 @@ def fit_accumulated(source: Mapping[str, Any], global_batch: int, options: FitOp
     tried: list[str] = []
     for steps in accumulation_choices(global_batch, micro_limit)[:MAX_TRIES]:
         tried.append(f"{steps} x {global_batch // steps}")
-        command = accumulated_command(source["command"], global_batch, steps, source["batch_flag"])
+        command = accumulated_command(source["command"], global_batch, steps, source["batch_flag"],
+                                      source.get("accum_flag") or ACCUM_FLAG)
         accumulated = dict(source, command=command, batch_size=global_batch)
         if progress is not None:
             progress("note", {"text": f"{label}global batch {global_batch} as {steps} x {global_batch // steps}"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -58,8 +59,7 @@ class SearchArgs:
             min_batch=self.min_batch, max_batch=self.max_batch, multiple_of=self.multiple_of, width=self.width,
             use_cache=self.cache, verify=self.verify, start_timeout=start_timeout,
         )
-        options.resolved_fraction()
-        return options
+        return options.validate()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,9 @@ class ScriptArgs:
     step_name: str | None = None
     """The name of the jitted train step function (found through functools.partial). Default: train_step, or, when the script calls none, the first jitted function that looks like a train step (it donates an argument and takes a batch, or is called a second time with one); the output says which it took."""
     batch_flag: str = "--batch-size"
-    """The script's batch-size flag (write --batch-flag=--bs)."""
+    """The script's batch-size flag, e.g. --batch-flag=--bs or --batch-flag --config.batch_size."""
+    accum_flag: str = "--grad-accum-steps"
+    """The script's gradient-accumulation flag (used by --global-batch)."""
     batch_arg: int | None = None
     """Which positional argument of the step is the batch (default: found by shape)."""
     probe_timeout: float = 900.0
@@ -81,7 +83,7 @@ class ScriptArgs:
         from jaxfit.sources import script_source
 
         return script_source(_COMMAND, step_name=self.step_name, batch_flag=self.batch_flag,
-                             batch_arg=self.batch_arg, probe_args=list(self.probe_args))
+                             batch_arg=self.batch_arg, probe_args=list(self.probe_args), accum_flag=self.accum_flag)
 
 
 def _overrides(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -140,6 +142,7 @@ def fit_command(
         wandb_mode: online, offline or disabled; default $WANDB_MODE, else online with credentials and offline without.
         wandb_project: The W&B project of --wandb.
     """
+    _parsed()
     from jaxfit.fit import fit_batch, fit_fraction
     from jaxfit.report import check_writable, print_result, write_json
     from jaxfit.sources import entry_source, example_source
@@ -214,6 +217,7 @@ def run_command(
         json: Write the plan (command, settings, and the fit when there was one) to this file before the command starts.
         quiet: No fit progress.
     """
+    _parsed()
     from jaxfit.launch import execute, plan_run
     from jaxfit.report import check_writable, write_json
 
@@ -240,6 +244,7 @@ def run_command(
 @app.command(name="examples")
 def examples_command() -> None:
     """List the built-in example workloads and what they are."""
+    _parsed()
     from rich.table import Table
 
     from jaxfit.examples import DEFAULT_EXAMPLE, example_description, list_examples, load_config
@@ -305,9 +310,10 @@ def schedule_command(
         plan: Run the plan that `--dry-run --json PATH` wrote for this queue and these GPUs, without fitting again.
         probe_args: An argument added to every command only while probing; repeatable (e.g. --probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe).
     """
+    _parsed()
     from pathlib import Path
 
-    from jaxfit.execute import ExecuteOptions, default_state_dir
+    from jaxfit.execute import ExecuteOptions, check_state_dir, default_state_dir
     from jaxfit.fit import FitOptions
     from jaxfit.queue import load_queue
     from jaxfit.report import check_writable, write_json
@@ -328,6 +334,8 @@ def schedule_command(
     if timeline:
         check_writable(timeline, "--timeline")
     folder = (Path(state_dir) if state_dir else default_state_dir(queue)).resolve()
+    if not dry_run:
+        check_state_dir(folder)
     out, progress = _consoles(quiet)
     execute_options = ExecuteOptions(grace_seconds=grace, monitor_interval=monitor_interval, wandb_group=wandb_group)
     if resume:
@@ -362,7 +370,7 @@ def schedule_command(
 
 
 @app.command(name="calibrate")
-def calibrate_command(json: str | None = None, no_cache: bool = False) -> int:
+def calibrate_command(json: str | None = None, cache: bool = True) -> int:
     """Measure the GPU memory each JAX process holds outside its XLA pool (CUDA context, libraries).
 
     `jaxfit schedule` adds it to every run's need when the queue does not set process_overhead
@@ -370,8 +378,9 @@ def calibrate_command(json: str | None = None, no_cache: bool = False) -> int:
 
     Args:
         json: Also write the measurement to this file.
-        no_cache: Measure again even when a cached value exists.
+        cache: Use the measurement cached for this GPU model and jax version; --no-cache measures again.
     """
+    _parsed()
     from jaxfit.calibrate import calibrate
     from jaxfit.report import check_writable, write_json
 
@@ -379,7 +388,7 @@ def calibrate_command(json: str | None = None, no_cache: bool = False) -> int:
         raise JaxfitError("jaxfit calibrate takes no command after --")
     if json:
         check_writable(json)
-    result = calibrate(use_cache=not no_cache)
+    result = calibrate(use_cache=cache)
     if json:
         write_json(json, result.to_dict())
     used = f", process {budget_mod.format_bytes(result.process_used_bytes)} - pool " \
@@ -415,8 +424,65 @@ def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:
     return int(outcome.exit_code)
 
 
+FLAGS_WITH_FLAG_VALUES = ("--batch-flag", "--accum-flag", "--probe-arg")
+"""Options whose value is itself a flag (``--batch-flag --config.batch_size``), joined with ``=``
+before tyro parses them, since it would read the value as an option of its own."""
+
+
+def join_flag_values(args: list[str]) -> list[str]:
+    """``["--batch-flag", "--bs"]`` -> ``["--batch-flag=--bs"]`` for :data:`FLAGS_WITH_FLAG_VALUES`."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] in FLAGS_WITH_FLAG_VALUES and i + 1 < len(args):
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
+    return out
+
+
+_REAL_STDERR: list[Any] = []
+
+
+def _parsed(replay: bool = True) -> None:
+    """Called first by every command: tyro is done, stderr is the terminal's again (and gets what
+    was written meanwhile, unless ``replay`` is off: a parsing error is said in one line instead)."""
+    if _REAL_STDERR:
+        held = sys.stderr
+        sys.stderr = _REAL_STDERR.pop()
+        text = held.getvalue() if replay and hasattr(held, "getvalue") else ""
+        if text:
+            sys.stderr.write(text)
+
+
+def one_line(box: str) -> str:
+    """tyro's boxed parsing error as one line: its title and its first section."""
+    lines = [line.strip().strip("│╭╮╰╯").strip() for line in box.splitlines()]
+    title = ""
+    if lines and lines[0].startswith("─"):
+        title = lines[0].strip("─ ").strip()
+    body: list[str] = []
+    for line in lines[1:]:
+        if line.startswith("────"):
+            break
+        if line and not line.startswith("─"):
+            body.append(line)
+    text = " ".join(" ".join(body).split())
+    if title and not text.lower().startswith(title.lower()):
+        text = f"{title.lower()}: {text}"
+    return text or " ".join(box.split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``jaxfit`` console script. Returns the exit code."""
+    """Entry point of the ``jaxfit`` console script. Returns the exit code.
+
+    Every error is one line ``jaxfit: error: ...`` with exit code 2: jaxfit's own, and tyro's
+    parsing errors (held back while tyro parses, then folded into one line with the help to read).
+    """
+    import io
+
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" in args:
         split = args.index("--")
@@ -424,15 +490,35 @@ def main(argv: list[str] | None = None) -> int:
         args = args[:split]
     if not args:
         args = ["fit"]
+    args = join_flag_values(args)
+    _REAL_STDERR[:] = [sys.stderr]
+    sys.stderr = io.StringIO()
     try:
         code = app.cli(prog="jaxfit", args=args,
                        description="jaxfit: ask the XLA compiler what fits, before an OOM does.")
+    except SystemExit as e:
+        held = sys.stderr
+        _parsed(replay=e.code != 2)
+        if e.code == 2 and isinstance(held, io.StringIO):  # tyro's parsing error, held back
+            command = next((a for a in args if not a.startswith("-")), "")
+            command = command if command in ("fit", "run", "examples", "schedule", "calibrate") else ""
+            print(f"jaxfit: error: {one_line(held.getvalue())}; see jaxfit {command + ' ' if command else ''}--help",
+                  file=sys.stderr)
+            return 2
+        raise
     except JaxfitError as e:
+        _parsed()
         print(f"jaxfit: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _parsed()
         print("jaxfit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `jaxfit ... | head`: the reader left; nothing more to say
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        return 0
+    finally:
+        _parsed()
     return code if isinstance(code, int) else 0
 
 

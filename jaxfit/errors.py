@@ -20,7 +20,16 @@ class CompileError(JaxfitError):
 
 
 class DoesNotFitError(JaxfitError):
-    """Not even the smallest allowed batch fits the budget."""
+    """Not even the smallest allowed batch fits the budget.
+
+    Attributes:
+      what: What does not fit and what it needs, without the advice.
+      hint: What to do about it, in the words of the command that fitted (CLI flags, or queue keys).
+    """
+
+    def __init__(self, what: str, hint: str = "") -> None:
+        super().__init__(f"{what}; {hint}" if hint else what)
+        self.what, self.hint = what, hint
 
 
 class WorkerError(JaxfitError):

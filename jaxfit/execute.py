@@ -124,6 +124,10 @@ def ensure_no_schedule(state_dir: Path, *, archive: bool = False) -> Path | None
     finally:
         store.close()
     if not finished:
+        holder = ScheduleLock(state_dir).holder()
+        if holder is not None:
+            raise ConfigError(f"{state_dir} is being run by jaxfit right now (pid {holder}; {summary}); wait for it, "
+                              "or stop it (Ctrl-C / kill) and then pass --resume")
         raise ConfigError(
             f"{state_dir} holds an unfinished schedule ({summary}); pass --resume to continue it, or "
             "--state-dir DIR to start a new one elsewhere"
@@ -216,6 +220,44 @@ class ScheduleLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def holder(self) -> str | None:
+        """The pid of the jaxfit that holds the lock now, or None when nobody does."""
+        import fcntl
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        return None
+
+
+def check_state_dir(state_dir: Path) -> None:
+    """Fail before any fit when the state folder could not be written (or is a file).
+
+    Raises:
+      ConfigError: one line naming ``--state-dir``.
+    """
+    import tempfile
+
+    existing = Path(state_dir)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--state-dir {state_dir}: {existing} is a file, not a folder; choose another --state-dir")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".jaxfit-check.", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"--state-dir {state_dir}: {existing} is not writable ({e.strerror or e}); choose another "
+                          "--state-dir") from None
 
 
 def open_state(state_dir: Path) -> StateStore:

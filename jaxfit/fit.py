@@ -32,6 +32,8 @@ from jaxfit.search import Grid, prove, search
 from jaxfit.sources import source_identity
 
 DEFAULT_MEM_FRACTION = 0.45
+MIN_DEVICE_MEMORY = 1 << 20
+"""The smallest ``--device-memory`` taken (a size in bytes or KiB is a typo)."""
 Progress = Callable[[str, Mapping[str, Any]], None]
 
 
@@ -102,6 +104,20 @@ class FitOptions:
         if self.min_batch < 1:
             raise ConfigError(f"--min-batch must be at least 1, got {self.min_batch}")
         return Grid(self.min_batch, self.max_batch, self.multiple_of)
+
+    def validate(self) -> FitOptions:
+        """Check every option (one-line :class:`ConfigError` naming the flag); returns ``self``."""
+        self.resolved_fraction()
+        if self.width is not None and self.width < 1:
+            raise ConfigError(f"--width {self.width} must be at least 1 (compiles per search round)")
+        if not self.start_timeout > 0:
+            raise ConfigError(f"--probe-timeout {self.start_timeout:g} must be more than 0 seconds")
+        if self.headroom_bytes < 0:
+            raise ConfigError("--headroom must not be negative")
+        if self.device_memory_bytes is not None and self.device_memory_bytes < MIN_DEVICE_MEMORY:
+            raise ConfigError(f"--device-memory {budget_mod.format_bytes(self.device_memory_bytes)} is smaller than "
+                              f"any device ({budget_mod.format_bytes(MIN_DEVICE_MEMORY)} at least); write e.g. 24GiB")
+        return self
 
     def cache_file(self) -> str | None:
         """The cache file to use, or None (``use_cache`` off, or a cache that cannot be used:
@@ -505,16 +521,19 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
         if found.answer is None:
             smallest = outcomes[grid.first]
             need = smallest.memory.peak_bytes + options.headroom_bytes if smallest.memory else None
-            hint = (
-                f"its compiled peak is {budget_mod.format_bytes(smallest.memory.peak_bytes)}, about fraction "
-                f"{budget_mod.fraction_for_bytes(need, total):.2f} of this device"
-                if need else "the compile itself ran out of memory"
-            )
+            if need is None:
+                needs = "the compile itself ran out of memory"
+            elif need > total:
+                needs = (f"its compiled peak is {budget_mod.format_bytes(smallest.memory.peak_bytes)}, more than the "
+                         f"whole device ({budget_mod.format_bytes(total)})")
+            else:
+                needs = (f"its compiled peak is {budget_mod.format_bytes(smallest.memory.peak_bytes)}, about fraction "
+                         f"{budget_mod.fraction_for_bytes(need, total):.2f} of this device")
             raise DoesNotFitError(
                 f"not even batch {grid.first} fits the budget of {budget_mod.format_bytes(budget)} "
-                f"(fraction {fraction}): {hint}; raise --mem-fraction, lower --headroom, or shrink the "
-                "model (remat, bf16)"
-            )
+                f"(fraction {fraction}): {needs}", "raise --mem-fraction, lower --headroom, or shrink the model "
+                "(remat, bf16)" if need is None or need <= total else "use a larger device, or shrink the model "
+                "(remat, bf16)")
         answer = found.answer
         final = outcomes[answer]
         neighbour = outcomes.get(answer + grid.step)
@@ -622,7 +641,7 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
         peak = budget_mod.format_bytes(full.memory.peak_bytes) if full.memory else "more than the device"
         raise DoesNotFitError(
             f"batch {batch_size} does not fit even the whole device ({budget_mod.format_bytes(total)}): "
-            f"its compiled peak is {peak}; use a smaller batch with gradient accumulation, remat or bf16"
+            f"its compiled peak is {peak}", "use a smaller batch with gradient accumulation, remat or bf16"
         )
     floor = full.memory.argument_bytes + full.memory.output_bytes - full.memory.alias_bytes
     estimate = min(FRACTION_STEPS, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS / total - 1e-9))

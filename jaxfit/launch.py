@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxfit.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
+from jaxfit.accumulation import BATCH_FLAG as DEFAULT_BATCH_FLAG
 from jaxfit.cache import default_cache_path
 from jaxfit.command import batch_value, with_batch
 from jaxfit.compiler import HOOK_VARIABLES, hooked_pythonpath
@@ -78,9 +79,10 @@ class RunPlan:
         return f"{env} {shlex.join(self.command)}"
 
 
-def run_settings(fit: FitResult | None, mem_fraction: float, batch_size: int, command: list[str]) -> dict[str, Any]:
+def run_settings(fit: FitResult | None, mem_fraction: float, batch_size: int, command: list[str],
+                 accum_flag: str = ACCUM_FLAG) -> dict[str, Any]:
     """The settings a run is started with, as they are logged (wandb config key ``jaxfit``)."""
-    accum = batch_value(command, "--grad-accum-steps")
+    accum = batch_value(command, accum_flag)
     settings: dict[str, Any] = {
         "mem_fraction": mem_fraction,
         "batch_size": batch_size,
@@ -105,7 +107,8 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
     """Fail early when the command would not accept ``flag`` (a script whose flag differs).
 
     A flag already on the command line is accepted by definition; otherwise the command's
-    ``--help`` must mention it.
+    ``--help`` must mention it (scripts whose flags ``--help`` does not list, such as absl's
+    ``--config.batch_size``, pass by carrying the flag).
 
     Raises:
       ConfigError: the flag is absent from the help text.
@@ -120,8 +123,12 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
         raise ConfigError(f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
                           f"check that it takes {flag}; put {flag}=N in the command") from None
     if flag not in proc.stdout + proc.stderr:
-        raise ConfigError(f"the command's --help does not mention {flag}; "
-                          + (fix or "pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs)"))
+        if fix is None and flag == DEFAULT_BATCH_FLAG:
+            fix = f"pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs), or put {flag}=N in the command"
+        elif fix is None:
+            fix = (f"check the spelling of {flag}, or, if the script takes it without listing it in --help (absl "
+                   f"config flags), put {flag}=N in the command")
+        raise ConfigError(f"the command's --help does not mention {flag}; {fix}")
 
 
 def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int | None = None,
@@ -160,7 +167,7 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
             fit = fit_fraction(source, batch_size, options, progress=progress)
             batch, fraction = batch_size, fit.mem_fraction
     final = with_batch(command, source["batch_flag"], batch)
-    settings = run_settings(fit, fraction, batch, final)
+    settings = run_settings(fit, fraction, batch, final, source.get("accum_flag") or ACCUM_FLAG)
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
     return RunPlan(final, env, fraction, batch, settings, fit)
 
@@ -176,12 +183,16 @@ def _check_device_multiple(flag: str, value: int) -> None:
 def _plan_accumulated(source: Mapping[str, Any], options: FitOptions, command: list[str], global_batch: int,
                       batch_size: int | None, fraction_given: bool, progress: Progress | None) -> RunPlan:
     """:func:`plan_run` with ``--global-batch``: the batch flag at the global batch, accumulated."""
+    if global_batch < 1:
+        raise ConfigError(f"--global-batch {global_batch} must be at least 1 (samples per optimizer step)")
     _check_device_multiple("--global-batch", global_batch)
+    accum_flag = source.get("accum_flag") or ACCUM_FLAG
     if batch_size is not None and (batch_size < 1 or global_batch % batch_size):
         raise ConfigError(f"--global-batch {global_batch} is not a multiple of --batch-size {batch_size}; make it "
                           "one, so that every optimizer step sees the same number of samples")
-    check_batch_flag(command, ACCUM_FLAG, fix="--global-batch needs a script that accumulates gradients with it "
-                                              "(as openpi-style scripts and scripts/train.py do)")
+    check_batch_flag(command, accum_flag, fix=f"--global-batch needs a script that accumulates gradients with it "
+                                               "(as openpi-style scripts and scripts/train.py do); name the script's "
+                                               "own flag with --accum-flag, or put it in the command")
     hint = "raise --mem-fraction, or leave it out to fit the smallest fraction"
     fit: FitResult | None = None
     if batch_size is not None and fraction_given:
@@ -195,8 +206,8 @@ def _plan_accumulated(source: Mapping[str, Any], options: FitOptions, command: l
         micro = fit_batch(source, options, progress=progress)
         steps, fit = fit_accumulated(source, global_batch, options, fraction=fraction,
                                      micro_limit=micro.batch_size, progress=progress, hint=hint)
-    final = accumulated_command(command, global_batch, steps, source["batch_flag"])
-    settings = run_settings(fit, fraction, global_batch, final)
+    final = accumulated_command(command, global_batch, steps, source["batch_flag"], accum_flag)
+    settings = run_settings(fit, fraction, global_batch, final, accum_flag)
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
     return RunPlan(final, env, fraction, global_batch, settings, fit)
 

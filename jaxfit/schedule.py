@@ -49,7 +49,7 @@ from jaxfit import packing
 from jaxfit.accumulation import BATCH_FLAG, fit_accumulated, with_steps
 from jaxfit.budget import format_bytes
 from jaxfit.devices import detect_gpus
-from jaxfit.errors import ConfigError, JaxfitError
+from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, Progress, fit_batch, fit_fraction
 from jaxfit.queue import Experiment, Queue
 from jaxfit.sources import script_source
@@ -213,6 +213,10 @@ def _measure(queue: Queue, gpu_total_bytes: int, gpu_count: int, options_base: F
     for experiment in queue.experiments:
         try:
             out.append(_measure_one(experiment, options, share or 1.0, probe_args, progress))
+        except DoesNotFitError as err:  # its advice in the queue's words, not the CLI's
+            raise DoesNotFitError(f"experiment {experiment.name!r}: {err.what}",
+                                  "give it a larger fraction in the queue (or fraction: auto), a smaller batch "
+                                  "with global_batch, or shrink the model (remat, bf16)") from None
         except JaxfitError as err:
             raise type(err)(f"experiment {experiment.name!r}: {err}") from None
     return out
@@ -242,6 +246,21 @@ def measure_needs(queue: Queue, gpu_total_bytes: int, *, options_base: FitOption
     return [run for run, _ in _measure(queue, gpu_total_bytes, gpu_count, options_base, progress, probe_args)]
 
 
+def check_commands(queue: Queue) -> None:
+    """Every experiment's program exists (a missing one is rejected now, not retried as a crash).
+
+    Raises:
+      ConfigError: naming the experiment and the program.
+    """
+    from jaxfit.command import check_command
+
+    for experiment in queue.experiments:
+        try:
+            check_command(list(experiment.command))
+        except ConfigError as err:
+            raise ConfigError(f"experiment {experiment.name!r}: {err}") from None
+
+
 def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOptions = FitOptions(),
                progress: Progress | None = None, probe_args: Sequence[str] = (),
                on_device: bool = False) -> tuple[list[ScheduledRun], packing.Plan]:
@@ -257,6 +276,7 @@ def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOp
     """
     if not gpus:
         raise ConfigError(f"no GPU to plan on; {NO_GPU_HINT}")
+    check_commands(queue)
     smallest = min(g.total_bytes for g in gpus)
     measured = _measure(queue, smallest, len(gpus), options_base, progress, probe_args, on_device)
     plan = packing.plan([need for _, need in measured], gpus, reserve_bytes=queue.reserve_bytes,

@@ -30,7 +30,7 @@ from jaxfit.fit import FitOptions, Progress
 from jaxfit.launchers import Launcher, LocalLauncher
 from jaxfit.queue import Queue
 from jaxfit.runstate import StateStore
-from jaxfit.schedule import load_plan, plan_queue, resolve_gpus
+from jaxfit.schedule import check_commands, load_plan, plan_queue, resolve_gpus
 
 BACKENDS = ("local", "ray")
 
@@ -194,6 +194,15 @@ def target_gpus(queue: Queue, *, gpus: int | None, device_memory_bytes: int | No
         note(f"GPU 0: {format_bytes(calibration.cuda_total_bytes)} as CUDA reports it; per-process overhead "
              f"{format_bytes(queue.process_overhead_bytes or 0)} ({source})")
     targets = resolve_gpus(queue, gpus=gpus, device_memory_bytes=device_memory_bytes, detected=visible)
+    if not on_device:
+        from jaxfit._probe.jaxfit_compile_server import host_memory_bytes
+
+        planned, host = sum(g.total_bytes for g in targets), host_memory_bytes()
+        if planned > host:
+            note(f"warning: {len(targets)} logical GPUs of {format_bytes(targets[0].total_bytes)} hold "
+                 f"{format_bytes(planned)} in all, more than this machine's {format_bytes(host)} of RAM; on logical "
+                 "GPUs the runs compute on the CPU, so runs planned side by side may run out of host memory (data-"
+                 "loader workers add to it); plan fewer or smaller logical GPUs")
     return queue, targets, on_device
 
 
@@ -208,6 +217,7 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
       ConfigError: every planning error, an existing schedule in ``state_dir``, an unknown backend.
     """
     ensure_no_schedule(state_dir)  # refuse before spending minutes on fits
+    check_commands(queue)
     if plan_path is not None:
         runs, plan = load_plan(plan_path, queue)
         if sorted((g.index, g.total_bytes) for g in plan.gpus) != sorted((g.index, g.total_bytes) for g in gpus):

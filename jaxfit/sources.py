@@ -46,6 +46,7 @@ def script_source(
     batch_flag: str = "--batch-size",
     batch_arg: int | None = None,
     probe_args: list[str] | None = None,
+    accum_flag: str = "--grad-accum-steps",
 ) -> dict[str, Any]:
     """The source of an unmodified training script, whose jitted ``step_name`` is intercepted.
 
@@ -58,6 +59,7 @@ def script_source(
       batch_flag: The script's batch-size flag; its value in ``command`` (if any) identifies the
         batch among the step's arguments.
       batch_arg: Which positional argument of the step is the batch (default: found by shape).
+      accum_flag: The script's gradient-accumulation flag (``--global-batch`` sets it).
       probe_args: Arguments added to the command for the probe only, e.g.
         ``["--checkpoint-base-dir=/tmp/probe"]`` so that the probe's start-up (which may create the
         run's checkpoint folder, as openpi's does) leaves nothing where the real run will look.
@@ -66,12 +68,13 @@ def script_source(
 
     if step_name is not None and not step_name.isidentifier():
         raise ConfigError(f"--step-name {step_name!r} is not a Python function name")
-    if not batch_flag.startswith("-"):
-        raise ConfigError(f"--batch-flag {batch_flag!r} must be a flag, e.g. --batch-flag=--batch-size")
+    for name, flag in (("--batch-flag", batch_flag), ("--accum-flag", accum_flag)):
+        if not flag.startswith("-") or "=" in flag or " " in flag:
+            raise ConfigError(f"{name} {flag!r} must be a flag name, e.g. {name}=--{flag.lstrip('-') or 'bs'}")
     run_command = check_command(command)
     return {"kind": "script", "command": run_command + list(probe_args or []), "run_command": run_command,
             "step_name": step_name,
-            "batch_flag": batch_flag, "batch_size": batch_value(command, batch_flag),
+            "batch_flag": batch_flag, "accum_flag": accum_flag, "batch_size": batch_value(command, batch_flag),
             "batch_arg": batch_arg, "cwd": os.getcwd()}
 
 

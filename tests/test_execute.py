@@ -279,3 +279,100 @@ def test_a_second_scheduler_cannot_run_the_same_schedule(tmp_path):
         scheduler.send_signal(signal.SIGTERM)
         scheduler.communicate(timeout=60)
     assert _states(tmp_path) == {"slow": "interrupted"}
+
+
+def test_a_run_that_ends_takes_its_workers_with_it(tmp_path):
+    """Workers a run leaves behind (a crashed run's data loader) end with it: the runner ends its group."""
+    _queue(tmp_path, [_fake("w", "--leave-worker", "--fail-times=1", retries=0)])
+    proc = _schedule(tmp_path, *LOGICAL, "--json", "result.json")
+    assert proc.returncode == 1 and _result(tmp_path)["w"]["state"] == "failed"
+    (record,) = _records(tmp_path)["w"]
+    time.sleep(0.5)
+    assert not _alive(record["worker_pid"]), "the run's worker outlived it"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_resume_gives_a_run_that_ended_meanwhile_the_end_time_its_runner_recorded(tmp_path):
+    _queue(tmp_path, [_fake("short", "--sleep=1.5")])
+    scheduler = _start_scheduler(tmp_path, *LOGICAL)
+    _wait_for(lambda: _states(tmp_path).get("short") == "running")
+    scheduler.send_signal(signal.SIGKILL)
+    scheduler.communicate(timeout=30)
+    status = tmp_path / "jaxfit-runs" / "queue" / "logs" / "short.1.status.json"
+    _wait_for(lambda: status.exists())
+    time.sleep(3)  # the scheduler comes back well after the run ended
+    proc = _schedule(tmp_path, "--resume", "--json", "result.json", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    row = _result(tmp_path)["short"]
+    assert row["ended_at"] == pytest.approx(json.loads(status.read_text())["ended_at"])
+    assert row["duration_seconds"] < 3.5, row
+    with sqlite3.connect(tmp_path / "jaxfit-runs" / "queue" / "state.sqlite") as db:
+        texts = [t for (t,) in db.execute("SELECT text FROM events WHERE kind = 'adopted'")]
+    assert texts and "while no scheduler was running (exit code 0)" in texts[0]
+
+
+def test_a_queues_env_values_stay_out_of_the_state_and_the_json(tmp_path):
+    secret = "sk-test-0123456789"
+    _queue(tmp_path, [_fake("a", "--sleep=0", env={"WANDB_API_KEY": secret, "EXTRA": "x"})])
+    proc = _schedule(tmp_path, *LOGICAL, "--json", "result.json")
+    assert proc.returncode == 0, proc.stderr
+    assert _records(tmp_path)["a"][0]["env"]["EXTRA"] == "x"  # the run itself got them
+    state = (tmp_path / "jaxfit-runs" / "queue" / "state.sqlite").read_bytes()
+    assert secret.encode() not in state and secret not in (tmp_path / "result.json").read_text()
+    assert _result(tmp_path)["a"]["env"] == ["EXTRA", "WANDB_API_KEY"]
+
+
+def test_resume_takes_env_values_from_the_queue_file(tmp_path):
+    _queue(tmp_path, [_fake("slow", "--sleep=30", env={"EXTRA": "from-the-file"})])
+    scheduler = _start_scheduler(tmp_path, *LOGICAL)
+    _wait_for(lambda: _states(tmp_path).get("slow") == "running")
+    scheduler.send_signal(signal.SIGTERM)
+    scheduler.communicate(timeout=60)
+    _queue(tmp_path, [_fake("slow", "--sleep=0", env={})])  # the file no longer gives the value
+    assert "sets EXTRA in its env" in error_line(_schedule(tmp_path, "--resume"))
+    _queue(tmp_path, [_fake("slow", "--sleep=0", env={"EXTRA": "from-the-file"})])
+    assert _schedule(tmp_path, "--resume", "--quiet").returncode == 0
+    assert _records(tmp_path)["slow"][-1]["env"]["EXTRA"] == "from-the-file"
+
+
+def test_schedule_input_that_cannot_work_is_refused_before_any_run(tmp_path):
+    _queue(tmp_path, [_fake("a", "--sleep=0"), {"name": "b", "command": ["no-such-trainer-jaxfit", "x"],
+                                                  "batch": 8, "fraction": 0.2}])
+    assert "experiment 'b': command not found: 'no-such-trainer-jaxfit'" in error_line(_schedule(tmp_path, *LOGICAL))
+    assert not (tmp_path / "out").exists(), "a run started"
+    _queue(tmp_path, [_fake("a", "--sleep=0")])
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert "--state-dir" in error_line(_schedule(tmp_path, *LOGICAL, "--state-dir", str(blocker / "state")))
+    assert "--timeline" in error_line(_schedule(tmp_path, *LOGICAL, "--timeline", "missing/t.png"))
+    assert "--json" in error_line(_schedule(tmp_path, *LOGICAL, "--json", str(blocker / "r.json")))
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_corrupt_state_file_is_one_line(tmp_path, resume):
+    _queue(tmp_path, [_fake("a", "--sleep=0")])
+    state = tmp_path / "jaxfit-runs" / "queue"
+    state.mkdir(parents=True)
+    (state / "state.sqlite").write_bytes(b"garbage" * 1000)
+    line = error_line(_schedule(tmp_path, *LOGICAL, *(["--resume"] if resume else [])))
+    assert "is not a readable jaxfit state" in line and "--state-dir" in line
+    assert (state / "state.sqlite").read_bytes() == b"garbage" * 1000  # state is never replaced
+
+
+def test_a_second_scheduler_without_resume_is_told_it_is_running(tmp_path):
+    _queue(tmp_path, [_fake("slow", "--sleep=20")])
+    scheduler = _start_scheduler(tmp_path, *LOGICAL)
+    try:
+        _wait_for(lambda: _states(tmp_path).get("slow") == "running")
+        line = error_line(_schedule(tmp_path, *LOGICAL))
+        assert "is being run by jaxfit right now (pid" in line and "--resume" in line
+    finally:
+        scheduler.send_signal(signal.SIGTERM)
+        scheduler.communicate(timeout=60)

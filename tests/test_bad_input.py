@@ -1,0 +1,83 @@
+"""Bad input is one line ``jaxfit: error: ...``, exit code 2, no traceback, before any compile."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import FIXTURES, REPO, error_line
+
+SHAPED = str(FIXTURES / "shaped_train.py")
+TRAIN = str(REPO / "scripts" / "train.py")
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["fit", "--width", "0"], "--width 0 must be at least 1"),
+        (["fit", "--width", "-3"], "--width -3 must be at least 1"),
+        (["fit", "--script", "--probe-timeout", "-1", "--", sys.executable, SHAPED], "--probe-timeout -1 must be more"),
+        (["fit", "--device-memory", "1KiB"], "--device-memory 1.00 KiB is smaller than any device"),
+        (["fit", "--mem-fraction", "abc"], "--mem-fraction"),
+        (["fit", "--no-such-flag"], "Unrecognized options: --no-such-flag; see jaxfit fit --help"),
+        (["nosuch"], "Unrecognized options: nosuch; see jaxfit --help"),
+        (["run", "--global-batch", "0", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug", "--exp-name=x"],
+         "--global-batch 0 must be at least 1"),
+        (["run", "--batch-flag=--bs", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable,
+          str(FIXTURES / "mini_train.py")], "does not mention --bs; check the spelling of --bs"),
+        (["fit", "--batch-flag=bs", "--script", "--", sys.executable, SHAPED], "--batch-flag 'bs' must be a flag name"),
+        (["fit", "--json", "missing-folder/fit.json"], "--json missing-folder/fit.json: folder missing-folder does not"),
+    ],
+)
+def test_bad_input_is_one_line(run_cli, args, message):
+    assert message in error_line(run_cli(*args))
+
+
+def test_a_parsing_error_is_one_line_not_a_box(run_cli):
+    proc = run_cli("fit", "--mem-fraction", "abc")
+    assert "╭" not in proc.stderr and "│" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_json_to_a_path_that_cannot_be_written_fails_before_the_fit(tmp_path, run_cli):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    proc = run_cli("fit", "--json", str(blocker / "fit.json"))
+    assert "is not writable" in error_line(proc) or "does not exist" in error_line(proc)
+    assert "round" not in proc.stderr  # nothing was compiled
+
+
+def test_calibrate_help_reads_cache_no_cache(run_cli):
+    proc = run_cli("calibrate", "--help")
+    assert proc.returncode == 0 and "--no-cache" in proc.stdout and "--no-no-cache" not in proc.stdout
+
+
+def test_a_batch_flag_the_help_does_not_list_is_taken_when_the_command_carries_it(tmp_path, run_cli):
+    """absl/ml_collections scripts take --config.batch_size without listing it in --help."""
+    script = tmp_path / "absl_like.py"
+    script.write_text(
+        "import sys\n"
+        "if '--help' in sys.argv: print('flags: --config'); sys.exit(0)\n"
+        "print('args', sys.argv[1:])\n")
+    proc = run_cli("run", "--batch-flag", "--config.batch_size", "--batch-size", "16", "--mem-fraction", "0.3",
+                   "--dry-run", "--", sys.executable, str(script), "--config.batch_size=8")
+    assert proc.returncode == 0, proc.stderr
+    assert "--config.batch_size=16" in proc.stdout and "--config.batch_size=8" not in proc.stdout
+    line = error_line(run_cli("run", "--batch-flag", "--config.batch_size", "--batch-size", "16", "--mem-fraction",
+                              "0.3", "--", sys.executable, str(script)))
+    assert "put --config.batch_size=N in the command" in line
+
+
+def test_global_batch_uses_the_scripts_own_accumulation_flag(tmp_path, run_cli):
+    script = tmp_path / "accum.py"
+    script.write_text(
+        "import sys\n"
+        "if '--help' in sys.argv: print('--batch-size --accum'); sys.exit(0)\n"
+        "print('args', sys.argv[1:])\n")
+    proc = run_cli("run", "--accum-flag", "--accum", "--global-batch", "32", "--batch-size", "8", "--mem-fraction",
+                   "0.3", "--dry-run", "--", sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr
+    assert "--batch-size=32 --accum=4" in proc.stdout
+    assert "name the script's own flag with --accum-flag" in error_line(
+        run_cli("run", "--global-batch", "32", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable,
+                str(script)))
