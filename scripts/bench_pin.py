@@ -203,7 +203,7 @@ def run_main(args: argparse.Namespace) -> int:
         if name in SCRIPTS:
             cmd = [sys.executable, "-m", "jaxfit.cli", "fit", "--script", "--mem-fraction", str(fraction), "--json",
                    str(out / f"{name}.fit.json"), "--quiet", "--", sys.executable, str(REPO / "scripts" / "train.py"),
-                   example, "--exp-name=bench-fit", f"--checkpoint-base-dir={folder / 'probe'}"]
+                   example, "--exp-name=bench-fit", "--no-wandb-enabled", f"--checkpoint-base-dir={folder / 'probe'}"]
         else:
             cmd = [sys.executable, "-m", "jaxfit.cli", "fit", "--example", example, "--mem-fraction", str(fraction),
                    "--json", str(out / f"{name}.fit.json"), "--quiet"]
