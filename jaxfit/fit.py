@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from jaxfit import budget as budget_mod
@@ -26,14 +27,12 @@ from jaxfit.cache import AnswerCache, default_cache_path, usable_cache
 from jaxfit.compiler import CompileChild, CompileOutcome, DeviceInfo
 from jaxfit.errors import CompileError, ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.leftovers import cleaned
-from jaxfit.pin import Pin, discard_pin, pin_answer, rehome
+from jaxfit.pin import Pin, discard_pin, pin_answer, pins_root, rehome
 from jaxfit.pin import find as find_pin
 from jaxfit.search import Grid, prove, search
 from jaxfit.sources import source_identity
 
 DEFAULT_MEM_FRACTION = 0.45
-MIN_DEVICE_MEMORY = 1 << 20
-"""The smallest ``--device-memory`` taken (a size in bytes or KiB is a typo)."""
 Progress = Callable[[str, Mapping[str, Any]], None]
 
 
@@ -114,9 +113,6 @@ class FitOptions:
             raise ConfigError(f"--probe-timeout {self.start_timeout:g} must be more than 0 seconds")
         if self.headroom_bytes < 0:
             raise ConfigError("--headroom must not be negative")
-        if self.device_memory_bytes is not None and self.device_memory_bytes < MIN_DEVICE_MEMORY:
-            raise ConfigError(f"--device-memory {budget_mod.format_bytes(self.device_memory_bytes)} is smaller than "
-                              f"any device ({budget_mod.format_bytes(MIN_DEVICE_MEMORY)} at least); write e.g. 24GiB")
         return self
 
     def cache_file(self) -> str | None:
@@ -539,7 +535,7 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
         neighbour = outcomes.get(answer + grid.step)
         assert final.memory is not None
         pin, pin_note = pin_answer(child, answer, key=key, info=info, proven=final.memory, budget_bytes=budget,
-                                   limit_bytes=limit, mem_fraction=fraction)
+                                   limit_bytes=limit, mem_fraction=fraction, root=pins_root(options.use_cache))
         overhead = child.process_overhead() if info.limit_sensitive else {"bytes": 0, "method": "not a GPU"}
     finally:
         child.close()
@@ -632,7 +628,8 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
                                                   / total - 1e-9))
             pins[units], notes[units] = pin_answer(
                 child, batch_size, key=key, info=info, proven=full.memory, budget_bytes=int(total * units / FRACTION_STEPS)
-                - options.headroom_bytes, limit_bytes=int(total * units / FRACTION_STEPS), mem_fraction=units / FRACTION_STEPS)
+                - options.headroom_bytes, limit_bytes=int(total * units / FRACTION_STEPS), mem_fraction=units / FRACTION_STEPS,
+                root=pins_root(options.use_cache))
 
     def limit_of(units: int) -> int:
         return int(total * units / FRACTION_STEPS)
@@ -665,7 +662,8 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
             fractions = [u / FRACTION_STEPS for u in units_list]
             _notify(progress, "round", round=rounds, fractions=fractions, autotune=autotune)
             answers = _compile_under_fractions(source, batch_size, fractions, total, gpu_total, cache_path, autotune,
-                                               options.start_timeout, key=key, headroom=options.headroom_bytes)
+                                               options.start_timeout, key=key, headroom=options.headroom_bytes,
+                                               root=pins_root(options.use_cache))
             for u, (outcome, limit, pinned, note) in zip(units_list, answers):
                 if outcome.memory is None and not outcome.oom:
                     _raise_compile_error(outcome)
@@ -731,7 +729,8 @@ def fit_fraction(source: Mapping[str, Any], batch_size: int, options: FitOptions
 
 def _compile_under_fractions(source: Mapping[str, Any], batch_size: int, fractions: list[float], total: int,
                              gpu_total: int | None, cache_path: str | None, autotune: bool, start_timeout: float, *,
-                             key: str | None, headroom: int) -> list[tuple[CompileOutcome, int, Pin | None, str | None]]:
+                             key: str | None, headroom: int,
+                             root: Path) -> list[tuple[CompileOutcome, int, Pin | None, str | None]]:
     """Compile ``batch_size`` once under each fraction of ``total``, one child each, concurrently; each
     child also writes its program as a pin (the one of the answer is kept, the others discarded)."""
     import concurrent.futures
@@ -746,7 +745,7 @@ def _compile_under_fractions(source: Mapping[str, Any], batch_size: int, fractio
             if outcome.memory is not None and outcome.memory.peak_bytes <= limit - headroom:
                 pin, note = pin_answer(child, batch_size, key=f"{key}-{round(fraction * 100)}" if key else None,
                                        info=child.info, proven=outcome.memory, budget_bytes=limit - headroom,
-                                       limit_bytes=limit, mem_fraction=fraction)
+                                       limit_bytes=limit, mem_fraction=fraction, root=root)
             return outcome, limit, pin, note
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(fractions)) as pool:

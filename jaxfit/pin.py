@@ -80,9 +80,14 @@ class Pin:
         return Path(self.path).is_file() and (folder / EXECUTABLE_FILE).is_file()
 
 
-def pins_root() -> Path:
-    """``<jaxfit cache folder>/pins``."""
-    return default_cache_path().parent / "pins"
+def pins_root(use_cache: bool = True) -> Path:
+    """``<jaxfit cache folder>/pins``; with the cache off (``--no-cache``, which writes nothing to the
+    cache), a folder of the system's temporary directory instead, pruned the same way."""
+    if use_cache:
+        return default_cache_path().parent / "pins"
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"jaxfit-pins-{os.getuid()}"
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -139,8 +144,10 @@ def find(key: str | None) -> Pin | None:
 
 
 def pin_answer(child: CompileChild, batch: int, *, key: str | None, info: DeviceInfo, proven: MemoryReport,
-               budget_bytes: int, limit_bytes: int, mem_fraction: float) -> tuple[Pin | None, str | None]:
-    """Have ``child`` write the program it compiled at ``batch``, and describe it in ``pin.json``.
+               budget_bytes: int, limit_bytes: int, mem_fraction: float,
+               root: Path | None = None) -> tuple[Pin | None, str | None]:
+    """Have ``child`` write the program it compiled at ``batch``, and describe it in ``pin.json``
+    (in ``root``, default :func:`pins_root`).
 
     Returns:
       ``(pin, note)``: the pin (None when it could not be made) and a one-line note for people
@@ -149,7 +156,7 @@ def pin_answer(child: CompileChild, batch: int, *, key: str | None, info: Device
     step_name = str(child.workload_info.get("description", {}).get("step_name") or "")
     if not step_name:
         return None, "not pinned: the step's function name is unknown"
-    root = pins_root()
+    root = root or pins_root()
     folder = root / (key or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
     try:
         if folder.exists():
@@ -207,10 +214,10 @@ def discard_pin(pin: Pin | None) -> None:
 
 
 def rehome(pin: Pin | None, key: str | None) -> Pin | None:
-    """Move ``pin`` to the folder of the question ``key`` (where :func:`find` looks)."""
+    """Move ``pin`` to the folder of the question ``key`` beside it (where :func:`find` looks)."""
     if pin is None or key is None:
         return pin
-    target = pins_root() / key
+    target = Path(pin.path).parent.parent / key
     source = Path(pin.path).parent
     if source == target:
         return pin

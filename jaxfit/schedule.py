@@ -276,7 +276,6 @@ def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOp
     """
     if not gpus:
         raise ConfigError(f"no GPU to plan on; {NO_GPU_HINT}")
-    check_commands(queue)
     smallest = min(g.total_bytes for g in gpus)
     measured = _measure(queue, smallest, len(gpus), options_base, progress, probe_args, on_device)
     plan = packing.plan([need for _, need in measured], gpus, reserve_bytes=queue.reserve_bytes,

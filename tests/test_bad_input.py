@@ -17,7 +17,7 @@ TRAIN = str(REPO / "scripts" / "train.py")
         (["fit", "--width", "0"], "--width 0 must be at least 1"),
         (["fit", "--width", "-3"], "--width -3 must be at least 1"),
         (["fit", "--script", "--probe-timeout", "-1", "--", sys.executable, SHAPED], "--probe-timeout -1 must be more"),
-        (["fit", "--device-memory", "1KiB"], "--device-memory 1.00 KiB is smaller than any device"),
+        (["fit", "--example", "mlp-tiny", "--device-memory", "1KiB"], "more than the whole device (1.00 KiB)"),
         (["fit", "--mem-fraction", "abc"], "--mem-fraction"),
         (["fit", "--no-such-flag"], "Unrecognized options: --no-such-flag; see jaxfit fit --help"),
         (["nosuch"], "Unrecognized options: nosuch; see jaxfit --help"),

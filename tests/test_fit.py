@@ -124,9 +124,12 @@ def test_bad_entries_are_one_line_errors(monkeypatch, factory, error, match):
 
 
 def test_nothing_fits_says_what_the_smallest_batch_needs():
-    tiny = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=256 * 1024)  # a 128 KiB budget
-    with pytest.raises(jaxfit.DoesNotFitError, match=r"not even batch 1 fits .*about fraction"):
+    tiny = jaxfit.FitOptions(mem_fraction=0.2, device_memory_bytes=1 << 20)  # a 205 KiB budget
+    with pytest.raises(jaxfit.DoesNotFitError, match=r"not even batch 1 fits .*about fraction 0\.\d\d of this"):
         jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), tiny)
+    smaller = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=256 * 1024)  # the step needs more than it all
+    with pytest.raises(jaxfit.DoesNotFitError, match=r"more than the whole device \(256.00 KiB\); use a larger"):
+        jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), smaller)
 
 
 def test_batches_fitting_above_the_answer_are_reported():

@@ -136,7 +136,7 @@ def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
         (["run", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, str(FIXTURES / "other_flag.py")],
          "--help does not mention --batch-size"),
         (["fit", "--script", "--step-name", "not_the_step", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py")],
-         "functions it jitted: init, train_step"),
+         "jitted functions it called (times): init (1), train_step (1)"),
         (["fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step"],
          "the script exited (code 1)"),
         (["run", "--global-batch", "30", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, TRAIN,
