@@ -215,12 +215,12 @@ class CompileChild:
         except (OSError, ValueError, subprocess.TimeoutExpired):
             pass
         finally:
-            if proc.poll() is None:
-                try:  # the whole session: a script's data-loader workers too
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
+            try:  # the whole session, also once the probe itself exited: a script's workers too
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                if proc.poll() is None:
                     proc.kill()
-                proc.wait()
+            proc.wait()
             if self._requests is not None:
                 try:
                     self._requests.close()

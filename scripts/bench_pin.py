@@ -249,31 +249,33 @@ def run_main(args: argparse.Namespace) -> int:
 
 def table_main(args: argparse.Namespace) -> int:
     records = [json.loads(line) for raw in args.raw for line in Path(raw).read_text().splitlines() if line.strip()]
-    print("| workload | fraction | batch | proven peak | pinned: OOM / runs | pinned: measured peak vs proven "
-          "| plain: OOM / runs | plain: program peak vs proven | first step pinned / plain (s) |")
-    print("|" + " --- |" * 9)
+    print("| workload | fraction | limit | batch | proven peak | with pin: OOM, runs pinned | with pin: program "
+          "| with pin: measured peak | plain: OOM | plain: program peaks (vs proven) | plain: measured peak "
+          "| first step with pin / plain (s) |")
+    print("|" + " --- |" * 12)
+
+    def spread(values: list, base: int) -> str:
+        got = sorted({v for v in values if v})
+        if not got:
+            return "-"
+        return ", ".join(f"{v:,}" + (f" ({v - base:+,})" if v != base else " (=)") for v in got)
+
     for r in records:
         proven = r["proven_peak_bytes"]
         pinned = [t for t in r["trials"] if t["with_pin"]]
         plain = [t for t in r["trials"] if not t["with_pin"]]
 
-        def dev(values: list) -> str:
-            got = [v for v in values if v]
-            if not got:
-                return "-"
-            lo, hi = min(got), max(got)
-            return f"{(lo - proven) / proven:+.3%} .. {(hi - proven) / proven:+.3%}"
-
         def first(ts: list) -> str:
             got = [t["time_to_first_step_s"] for t in ts if t.get("time_to_first_step_s")]
             return f"{statistics.median(got):.1f}" if got else "-"
 
-        pinned_ok = sum(1 for t in pinned if t.get("program_pinned"))
-        print(f"| {r['workload']} | {r['mem_fraction']} | {r['batch_size']} | {proven:,} "
-              f"| {sum(1 for t in pinned if not t['ok'])} / {len(pinned)} (pinned {pinned_ok}) "
-              f"| {dev([t.get('peak_bytes_in_use') for t in pinned])} "
+        print(f"| {r['workload']} | {r['mem_fraction']} | {r['limit_bytes']:,} | {r['batch_size']} | {proven:,} "
+              f"| {sum(1 for t in pinned if not t['ok'])} OOM, {sum(1 for t in pinned if t.get('program_pinned'))}"
+              f"/{len(pinned)} pinned | {spread([t.get('program_peak_bytes') for t in pinned], proven)} "
+              f"| {spread([t.get('peak_bytes_in_use') for t in pinned], proven)} "
               f"| {sum(1 for t in plain if not t['ok'])} / {len(plain)} "
-              f"| {dev([t.get('program_peak_bytes') for t in plain])} "
+              f"| {spread([t.get('program_peak_bytes') for t in plain], proven)} "
+              f"| {spread([t.get('peak_bytes_in_use') for t in plain], proven)} "
               f"| {first(pinned)} / {first(plain)} |")
     return 0
 

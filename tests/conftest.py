@@ -43,3 +43,19 @@ def error_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in proc.stderr.splitlines() if line.startswith("jaxfit: error:")]
     assert len(lines) == 1, proc.stderr
     return lines[0]
+
+
+OLD_JAX = ["jax[cpu]==0.5.0", "jaxtyping==0.2.36", "beartype==0.19.0"]
+"""openpi's kind of environment: an old jax (openpi pins 0.5.3) with jaxtyping and beartype, no jaxfit."""
+
+
+@pytest.fixture(scope="session")
+def old_jax_python(tmp_path_factory):
+    """The Python of a fresh virtual environment with :data:`OLD_JAX` (skips when it cannot be installed)."""
+    venv = tmp_path_factory.mktemp("venv-jax05")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", *OLD_JAX], capture_output=True, text=True)
+    if install.returncode != 0:
+        pytest.skip(f"cannot install {' '.join(OLD_JAX)} here: {install.stderr.strip()[-300:]}")
+    return python

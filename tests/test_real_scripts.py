@@ -44,6 +44,14 @@ def test_a_type_checked_state_and_step_are_probed_without_settings(tmp_path, run
     assert [c["peak_bytes"] for c in fit["candidates"]] == [c["peak_bytes"] for c in plain["candidates"]]
 
 
+def test_a_type_checked_state_is_probed_in_an_old_jax(tmp_path, run_cli, old_jax_python):
+    """jax 0.5 rebuilds the argument pytrees while lowering (openpi's TypeCheckError on TrainState)."""
+    proc = run_cli("fit", "--script", *SMALL, "--json", "fit.json", "--", old_jax_python, SHAPED, "--typecheck")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fit = json.loads((tmp_path / "fit.json").read_text())
+    assert fit["device"]["jax_version"] == "0.5.0" and fit["pin"] is not None
+
+
 def test_a_type_checked_step_runs_its_pinned_program(tmp_path, run_cli):
     proc = run_cli("run", *SMALL, "--json", "plan.json", "--", sys.executable, SHAPED, "--typecheck", "--steps", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -151,3 +159,26 @@ def test_run_with_a_custom_batch_flag_prints_it(tmp_path, run_cli):
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_with = [line for line in proc.stdout.replace("\n", " ").split("run with: ")[1:]][0]
     assert "--bs=" in run_with and "--batch-size" not in run_with
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_no_worker_of_the_probed_script_outlives_the_probe(tmp_path, run_cli, monkeypatch, start):
+    marker = f"JAXFIT_TEST_MARKER={tmp_path.name}"
+    monkeypatch.setenv("JAXFIT_TEST_MARKER", tmp_path.name)  # every process of the probe inherits it
+    proc = run_cli("fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--workers", start)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import time
+
+    time.sleep(1)
+    live = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _environ(p)]
+    assert not live, "the probe left its workers running"
+
+
+def _environ(entry: Path) -> str:
+    """The environment of a live (not zombie) process, or ''."""
+    try:
+        if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return ""
+        return (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, IndexError):
+        return ""

@@ -178,14 +178,9 @@ def test_fit_wandb_logs_the_candidates_offline(tmp_path, run_cli, monkeypatch):
     assert "peak_bytes" in table["columns"] and "fits" in table["columns"]
 
 
-def test_probe_works_in_an_old_jax_environment_without_jaxfit(tmp_path, run_cli):
+def test_probe_works_in_an_old_jax_environment_without_jaxfit(tmp_path, run_cli, old_jax_python):
     """openpi pins old jax (0.5) in its own environment: the probe must need neither jaxfit nor new jax."""
-    venv = tmp_path / "venv-jax05"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "jax[cpu]==0.5.0"], capture_output=True, text=True)
-    if install.returncode != 0:
-        pytest.skip(f"cannot install jax 0.5.0 here: {install.stderr.strip()[-300:]}")
+    python = old_jax_python
     assert subprocess.run([python, "-c", "import jaxfit"], capture_output=True, cwd=tmp_path).returncode != 0
     proc = run_cli("fit", "--script", *SMALL, "--json", "old.json", "--", python, str(FIXTURES / "mini_train.py"),
                    "--batch-size", "8")
