@@ -10,7 +10,7 @@ Importing jaxfit does not initialise a JAX backend: compiles happen in a child p
 the target memory fraction.
 """
 
-from jaxfit.budget import format_bytes, parse_size
+from jaxfit.fit.budget import format_bytes, parse_size
 from jaxfit.errors import (
     CompileError,
     ConfigError,
@@ -19,11 +19,11 @@ from jaxfit.errors import (
     WorkerError,
     WorkloadError,
 )
-from jaxfit.fit import Candidate, FitOptions, FitResult, fit_batch, fit_fraction
-from jaxfit.memory import MemoryReport, analyse
-from jaxfit.search import Grid, SearchResult, doubling_bisection, search
-from jaxfit.sources import entry_source, example_source
-from jaxfit.workload import Workload, abstractify, from_state
+from jaxfit.fit.engine import Candidate, FitOptions, FitResult, fit_batch, fit_fraction
+from jaxfit.fit.memory import MemoryReport, analyse
+from jaxfit.fit.search import Grid, SearchResult, doubling_bisection, search
+from jaxfit.fit.sources import entry_source, example_source
+from jaxfit.fit.workload import Workload, abstractify, from_state
 
 __version__ = "0.2.0"
 

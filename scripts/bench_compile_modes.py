@@ -60,7 +60,7 @@ def peak_of(compiled) -> int:
 
 
 def build(example: str, sets: list[str]):
-    from jaxfit.sources import build_workload, example_source
+    from jaxfit.fit.sources import build_workload, example_source
 
     return build_workload(example_source(example, dict(kv.split("=", 1) for kv in sets)))
 

@@ -75,7 +75,7 @@ def trial_main(args: argparse.Namespace) -> int:
     from jaxfit.examples import (
         abstract_state, init_state, load_config, make_optimizer, make_train_step, synthetic_batch,
     )
-    from jaxfit.memory import analyse
+    from jaxfit.fit.memory import analyse
     from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
 
     overrides = dict(kv.split("=", 1) for kv in args.set)
@@ -130,7 +130,7 @@ def trial_search(example: str, overrides: dict[str, str], fraction: float, log, 
 
     Each trial is also appended to ``journal`` as it ends, so a search cut short keeps its trials.
     """
-    from jaxfit.search import Grid, doubling_bisection
+    from jaxfit.fit.search import Grid, doubling_bisection
 
     trials: list[dict] = []
 

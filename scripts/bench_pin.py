@@ -64,7 +64,7 @@ def trial_main(args: argparse.Namespace) -> int:
     from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
     from jaxfit.examples import abstract_state, init_state, load_config, make_optimizer, make_train_step
     from jaxfit.examples import synthetic_batch
-    from jaxfit.memory import analyse
+    from jaxfit.fit.memory import analyse
 
     cfg = load_config(args.example, dict(kv.split("=", 1) for kv in args.set))
     record: dict = {"batch": args.batch, "ok": False, "pinned_call": args.pinned}

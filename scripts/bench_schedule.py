@@ -34,8 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jaxfit.monitor import gpu_peaks  # noqa: E402
-from jaxfit.runstate import StateStore  # noqa: E402
+from jaxfit.schedule.monitor import gpu_peaks  # noqa: E402
+from jaxfit.schedule.state import StateStore  # noqa: E402
 TRAIN = [sys.executable, "scripts/train.py"]
 COMMON = ["--no-wandb-enabled", "--overwrite", "--checkpoint-base-dir=/tmp/jaxfit-bench-ck", "--save-interval=100000"]
 

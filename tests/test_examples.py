@@ -16,7 +16,7 @@ import pytest
 from jaxfit import examples
 from jaxfit.errors import ConfigError
 from jaxfit.examples import configs as configs_module
-from jaxfit.workload import Workload
+from jaxfit.fit.workload import Workload
 
 TINY = ["gpt-tiny", "vit-tiny", "mlp-tiny"]
 LARGE = ["gpt-small", "gpt-medium-bf16-remat", "vit-small", "mlp"]

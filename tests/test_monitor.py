@@ -14,8 +14,8 @@ import time
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.monitor import OTHER, Monitor, experiment_peaks, gpu_peaks, group_rss
-from jaxfit.runstate import Sample, StateStore
+from jaxfit.schedule.monitor import OTHER, Monitor, experiment_peaks, gpu_peaks, group_rss
+from jaxfit.schedule.state import Sample, StateStore
 
 MB = 1 << 20
 

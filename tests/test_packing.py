@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from jaxfit.budget import GiB, MiB, fraction_for_bytes
+from jaxfit.fit.budget import GiB, MiB, fraction_for_bytes
 from jaxfit.errors import ConfigError
-from jaxfit.packing import GPU, ROW_HEADERS, Need, Plan, plan
+from jaxfit.schedule.packing import GPU, ROW_HEADERS, Need, Plan, plan
 
 OVERHEAD = 618 * MiB
 H200_TOTAL = 143_160 * MiB  # CUDA total of an H200 (FACTS.md #4)

@@ -12,7 +12,7 @@ import pytest
 from conftest import FIXTURES, REPO, error_line
 
 import jaxfit
-from jaxfit.launch import execute, plan_run
+from jaxfit.run.launch import execute, plan_run
 
 TRAIN = str(REPO / "scripts" / "train.py")
 SHAPED = str(FIXTURES / "shaped_train.py")
@@ -95,7 +95,7 @@ def test_run_reports_the_guard_stop(tmp_path, monkeypatch):
     """``jaxfit run`` (API): a step whose own program does not fit is stopped and said so."""
     monkeypatch.chdir(tmp_path)
     options = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=64 << 20, max_batch=64)
-    plan = plan_run(jaxfit.sources.script_source([sys.executable, SHAPED, "--steps", "2"]), options)
+    plan = plan_run(jaxfit.fit.sources.script_source([sys.executable, SHAPED, "--steps", "2"]), options)
     assert plan.pin is not None
     bigger = [*plan.command[:-1], "--batch-size=60000"]  # the user edited the batch after the fit
     outcome = execute(type(plan)(bigger, plan.env, plan.mem_fraction, 60000, plan.settings, plan.fit))

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from jaxfit.budget import GiB, MiB
+from jaxfit.fit.budget import GiB, MiB
 from jaxfit.errors import ConfigError
 from jaxfit.examples.configs import list_examples
-from jaxfit.queue import (
+from jaxfit.schedule.queue_file import (
     EXPERIMENT_KEYS,
     TOP_LEVEL_KEYS,
     Experiment,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.launchers import LaunchSpec, _is_runner, read_status
-from jaxfit.ray_backend import RayHandle, RayLauncher, _make_task_function, ray_gpu_request
+from jaxfit.schedule.backends.local import LaunchSpec, _is_runner, read_status
+from jaxfit.schedule.backends.ray import RayHandle, RayLauncher, _make_task_function, ray_gpu_request
 
 ray = pytest.importorskip("ray")
 
@@ -259,6 +259,6 @@ def test_workers_never_import_jaxfit():
 
 
 def test_importing_the_backend_does_not_import_ray():
-    out = subprocess.run([sys.executable, "-c", "import sys, jaxfit.ray_backend; print('ray' in sys.modules)"],
+    out = subprocess.run([sys.executable, "-c", "import sys, jaxfit.schedule.backends.ray; print('ray' in sys.modules)"],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

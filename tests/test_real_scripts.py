@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, REPO, error_line
 
-from jaxfit.compiler import CompileOutcome
-from jaxfit.memory import MemoryReport
-from jaxfit.report import ProgressPrinter
+from jaxfit.fit.compiler import CompileOutcome
+from jaxfit.fit.memory import MemoryReport
+from jaxfit.cli.output import ProgressPrinter
 
 SHAPED = str(FIXTURES / "shaped_train.py")
 TRAIN = str(REPO / "scripts" / "train.py")

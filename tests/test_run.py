@@ -22,7 +22,7 @@ def test_probing_train_py_gives_the_peaks_of_the_api_fit(tmp_path, monkeypatch):
     options = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=64 << 20, max_batch=1 << 14)
     monkeypatch.chdir(tmp_path)
     probed = jaxfit.fit_batch(
-        jaxfit.sources.script_source(
+        jaxfit.fit.sources.script_source(
             [sys.executable, TRAIN, "debug", "--exp-name=probe", f"--checkpoint-base-dir={tmp_path / 'ck'}"]),
         options)
     monkeypatch.chdir(FIXTURES)

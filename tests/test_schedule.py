@@ -13,10 +13,10 @@ import pytest
 import yaml
 from conftest import REPO, error_line
 
-from jaxfit import packing
+from jaxfit.schedule import packing
 from jaxfit.errors import ConfigError
-from jaxfit.queue import parse_queue
-from jaxfit.schedule import equal_share, resolve_gpus
+from jaxfit.schedule.queue_file import parse_queue
+from jaxfit.schedule.planner import equal_share, resolve_gpus
 
 TRAIN = str(REPO / "scripts" / "train.py")
 GiB, MiB = 1 << 30, 1 << 20

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.search import (
+from jaxfit.fit.search import (
     Bracket, Grid, affine_slope, doubling_bisection, next_round, prove, search, settled, trusted_prior,
 )
 

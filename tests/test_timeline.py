@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.runstate import Attempt, ExperimentRecord, Sample, StateStore
-from jaxfit.timeline import draw_timeline
+from jaxfit.schedule.state import Attempt, ExperimentRecord, Sample, StateStore
+from jaxfit.schedule.timeline import draw_timeline
 
 GIB = 1 << 30
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

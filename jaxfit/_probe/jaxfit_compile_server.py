@@ -1,7 +1,7 @@
 """The compile server: answers "peak memory of the step at batch B" over a JSON-lines protocol.
 
 This module is self-contained (standard library + jax, Python 3.9+, jax 0.4.30+) because it runs in
-two places: in jaxfit's own compile child (:mod:`jaxfit.worker`), and inside a user's training
+two places: in jaxfit's own compile child (:mod:`jaxfit.fit.worker`), and inside a user's training
 script, whose environment (``uv run`` in an openpi checkout, say) need not have jaxfit installed.
 There the probe's ``sitecustomize`` imports it from the probe folder that jaxfit put on PYTHONPATH.
 

@@ -4,7 +4,7 @@ Near the memory limit XLA does not build the same program twice: GPU autotuning 
 timing them, so the training process's own compile of the step can need more than the compile that
 proved the answer (H100, gpt-small at batch 13 under fraction 0.212: proved 17,579,825,492 B, the
 training process's own compile 18,028,917,076 B, over the limit; docs/facts.md #10). So the fit
-writes the proving executable to a *pin* (``pin.json`` and ``executable.bin``, :mod:`jaxfit.pin`),
+writes the proving executable to a *pin* (``pin.json`` and ``executable.bin``, :mod:`jaxfit.fit.pin`),
 and jaxfit's start-up hook loads it here, in the training process, at the first call of the step:
 
 1. the call's arguments are lowered with the script's own jitted step (tracing only);

@@ -37,7 +37,7 @@ from jaxfit.examples.configs import (
     make_config,
     parse_overrides,
 )
-from jaxfit.workload import Workload, from_state
+from jaxfit.fit.workload import Workload, from_state
 
 if TYPE_CHECKING:
     import jax
@@ -325,7 +325,7 @@ def workload_from_config(
     example: str | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Workload:
-    """The abstract train-step :class:`~jaxfit.workload.Workload` of a config (nothing allocated).
+    """The abstract train-step :class:`~jaxfit.fit.workload.Workload` of a config (nothing allocated).
 
     Args:
       cfg: The model config.

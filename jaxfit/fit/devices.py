@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 
-from jaxfit import packing
+from jaxfit.schedule import packing
 
 
 def detect_gpus() -> list[packing.GPU]:

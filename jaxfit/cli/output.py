@@ -12,9 +12,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jaxfit.budget import format_bytes
+from jaxfit.fit.budget import format_bytes
 from jaxfit.errors import ConfigError
-from jaxfit.fit import FitResult
+from jaxfit.fit.engine import FitResult
 
 
 def check_writable(path: str | os.PathLike[str], flag: str = "--json") -> Path:
@@ -87,7 +87,7 @@ def run_line(result: FitResult, command: list[str] | None = None, batch_flag: st
     user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch."""
     import shlex
 
-    from jaxfit.command import with_batch
+    from jaxfit.run.command import with_batch
 
     env = result.run_env()
     words = [f"{key}={shlex.quote(value)}" for key, value in env.items() if key != "PYTHONPATH"]

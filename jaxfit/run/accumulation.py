@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxfit.command import batch_value, with_batch
+from jaxfit.run.command import batch_value, with_batch
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
-from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction
+from jaxfit.fit.engine import FitOptions, FitResult, Progress, fit_batch, fit_fraction
 
 BATCH_FLAG = "--batch-size"
 """The batch flag: samples per optimizer step (the global batch)."""
@@ -66,7 +66,7 @@ def fit_accumulated(source: Mapping[str, Any], global_batch: int, options: FitOp
     fits); without, the smallest fraction that holds the first choice is fitted.
 
     Args:
-      source: A script source (:func:`jaxfit.sources.script_source`); its command is probed with
+      source: A script source (:func:`jaxfit.fit.sources.script_source`); its command is probed with
         the batch flag set to ``global_batch`` and the accumulation flag to ``a``.
       global_batch: Samples per optimizer step.
       options: Fit options (bounds are replaced: only ``global_batch`` is compiled).

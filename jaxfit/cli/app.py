@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import tyro
 from rich.console import Console
 
-from jaxfit import budget as budget_mod
+from jaxfit.fit import budget as budget_mod
 from jaxfit.errors import JaxfitError
 
 if TYPE_CHECKING:  # the CLI imports the fit machinery only when a command runs
-    from jaxfit.fit import FitOptions
-    from jaxfit.report import ProgressPrinter
+    from jaxfit.fit.engine import FitOptions
+    from jaxfit.cli.output import ProgressPrinter
 
 app = tyro.extras.SubcommandApp()
 
@@ -50,7 +50,7 @@ class SearchArgs:
 
     def options(self, start_timeout: float = 900.0) -> FitOptions:
         """The fit options these flags describe (validated)."""
-        from jaxfit.fit import FitOptions
+        from jaxfit.fit.engine import FitOptions
 
         options = FitOptions(
             mem_fraction=self.mem_fraction,
@@ -80,7 +80,7 @@ class ScriptArgs:
     """An argument added to the command only while probing; repeatable. The probe runs the script's start-up, which may create its checkpoint folder (openpi's does): e.g. --probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe keeps that out of the real run's way."""
 
     def source(self) -> dict[str, object]:
-        from jaxfit.sources import script_source
+        from jaxfit.fit.sources import script_source
 
         return script_source(_COMMAND, step_name=self.step_name, batch_flag=self.batch_flag,
                              batch_arg=self.batch_arg, probe_args=list(self.probe_args), accum_flag=self.accum_flag)
@@ -97,7 +97,7 @@ def _overrides(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 def _consoles(quiet: bool) -> tuple[Console, ProgressPrinter | None]:
-    from jaxfit.report import ProgressPrinter
+    from jaxfit.cli.output import ProgressPrinter
 
     out = Console() if sys.stdout.isatty() else Console(width=160)
     return out, (None if quiet else ProgressPrinter(Console(stderr=True)))
@@ -143,9 +143,9 @@ def fit_command(
         wandb_project: The W&B project of --wandb.
     """
     _parsed()
-    from jaxfit.fit import fit_batch, fit_fraction
-    from jaxfit.report import check_writable, print_result, write_json
-    from jaxfit.sources import entry_source, example_source
+    from jaxfit.fit.engine import fit_batch, fit_fraction
+    from jaxfit.cli.output import check_writable, print_result, write_json
+    from jaxfit.fit.sources import entry_source, example_source
 
     if sum(bool(x) for x in (example, entry, script)) > 1:
         raise JaxfitError("give one of --example, --entry or --script")
@@ -180,7 +180,7 @@ def fit_command(
     else:
         print_result(result, out, command, batch_flag)
     if wandb:
-        from jaxfit.tracking import log_fit
+        from jaxfit.run.tracking import log_fit
 
         where = log_fit(result, mode=wandb_mode, project=wandb_project)
         Console(stderr=True).print(f"[dim]logged to Weights & Biases: {where}[/]")
@@ -218,8 +218,8 @@ def run_command(
         quiet: No fit progress.
     """
     _parsed()
-    from jaxfit.launch import execute, plan_run
-    from jaxfit.report import check_writable, write_json
+    from jaxfit.run.launch import execute, plan_run
+    from jaxfit.cli.output import check_writable, write_json
 
     if json:
         check_writable(json)
@@ -313,12 +313,12 @@ def schedule_command(
     _parsed()
     from pathlib import Path
 
-    from jaxfit.execute import ExecuteOptions, check_state_dir, default_state_dir
-    from jaxfit.fit import FitOptions
-    from jaxfit.queue import load_queue
-    from jaxfit.report import check_writable, write_json
-    from jaxfit.schedule import gpu_lines, plan_queue, schedule_dict, schedule_table
-    from jaxfit.schedule_run import target_gpus
+    from jaxfit.schedule.scheduler import ExecuteOptions, check_state_dir, default_state_dir
+    from jaxfit.fit.engine import FitOptions
+    from jaxfit.schedule.queue_file import load_queue
+    from jaxfit.cli.output import check_writable, write_json
+    from jaxfit.schedule.planner import gpu_lines, plan_queue, schedule_dict, schedule_table
+    from jaxfit.schedule.flow import target_gpus
 
     if _COMMAND:
         raise JaxfitError("jaxfit schedule takes no command after --; the commands are in the queue file")
@@ -339,7 +339,7 @@ def schedule_command(
     out, progress = _consoles(quiet)
     execute_options = ExecuteOptions(grace_seconds=grace, monitor_interval=monitor_interval, wandb_group=wandb_group)
     if resume:
-        from jaxfit.schedule_run import resume_schedule
+        from jaxfit.schedule.flow import resume_schedule
 
         outcome = resume_schedule(folder, console=out, execute_options=execute_options, ray_address=ray_address,
                                   quiet=quiet, timeline_path=Path(timeline) if timeline else None,
@@ -358,7 +358,7 @@ def schedule_command(
         for line in gpu_lines(planned):
             out.print(line, highlight=False)
         return 0
-    from jaxfit.schedule_run import start_schedule
+    from jaxfit.schedule.flow import start_schedule
 
     outcome = start_schedule(
         parsed, targets, logical=not on_device, state_dir=folder, backend=backend, console=out,
@@ -381,8 +381,8 @@ def calibrate_command(json: str | None = None, cache: bool = True) -> int:
         cache: Use the measurement cached for this GPU model and jax version; --no-cache measures again.
     """
     _parsed()
-    from jaxfit.calibrate import calibrate
-    from jaxfit.report import check_writable, write_json
+    from jaxfit.schedule.calibrate import calibrate
+    from jaxfit.cli.output import check_writable, write_json
 
     if _COMMAND:
         raise JaxfitError("jaxfit calibrate takes no command after --")
@@ -401,9 +401,9 @@ def calibrate_command(json: str | None = None, cache: bool = True) -> int:
 
 def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:
     """Print the summary of a finished (or stopped) schedule; write its --json."""
-    from jaxfit.report import write_json
-    from jaxfit.runstate import StateStore
-    from jaxfit.schedule_run import status_table
+    from jaxfit.cli.output import write_json
+    from jaxfit.schedule.state import StateStore
+    from jaxfit.schedule.flow import status_table
 
     if json_path:
         write_json(json_path, {"state_dir": str(outcome.state_dir), "exit_code": outcome.exit_code,

@@ -4,7 +4,7 @@
 started). In each lane
 
 - every attempt of an experiment on that GPU is a band of the experiment's planned need
-  (:attr:`ExperimentRecord.need_bytes <jaxfit.runstate.ExperimentRecord.need_bytes>`) from its
+  (:attr:`ExperimentRecord.need_bytes <jaxfit.schedule.state.ExperimentRecord.need_bytes>`) from its
   start to its end (an attempt still running reaches the last timestamp known), stacked on the
   attempts running beside it, so the top of the stack is what the plan charged the GPU at each
   moment. One colour per experiment (the legend names them); attempts that ended other than
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxfit.errors import ConfigError
-from jaxfit.runstate import Attempt, ExperimentRecord, Sample
+from jaxfit.schedule.state import Attempt, ExperimentRecord, Sample
 
 GIB = float(1 << 30)
 

@@ -1,6 +1,6 @@
 """The parent's side of the compile child: start it under a fraction, ask for peaks, stop it.
 
-See :mod:`jaxfit.worker` for why compiles happen in a child process.
+See :mod:`jaxfit.fit.worker` for why compiles happen in a child process.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from jaxfit import errors
 from jaxfit.errors import WorkerError
-from jaxfit.memory import MemoryReport
+from jaxfit.fit.memory import MemoryReport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +93,13 @@ def child_environment(mem_fraction: float, extra: Mapping[str, str] | None = Non
 def launch_for(source: Mapping[str, Any], python: str = sys.executable) -> tuple[list[str], dict[str, str], str | None]:
     """``(argv, extra environment, cwd)`` that start a compile server for ``source``.
 
-    A built-in example or ``--entry`` runs in ``python -m jaxfit.worker``. A training script runs
+    A built-in example or ``--entry`` runs in ``python -m jaxfit.fit.worker``. A training script runs
     as itself, with the probe folder first on PYTHONPATH: its ``sitecustomize`` intercepts the
     jitted step's first call and serves compiles from inside the script (see
     :mod:`jaxfit._probe.sitecustomize`), so the script's own environment needs no jaxfit.
     """
     if source.get("kind") != "script":
-        return [python, "-m", "jaxfit.worker"], {"JAXFIT_WORKLOAD_SOURCE": json.dumps(dict(source))}, None
+        return [python, "-m", "jaxfit.fit.worker"], {"JAXFIT_WORKLOAD_SOURCE": json.dumps(dict(source))}, None
     extra = {
         "PYTHONPATH": hooked_pythonpath(),
         "JAXFIT_PROBE_STEP_NAME": source.get("step_name") or DEFAULT_STEP_NAME,
@@ -120,7 +120,7 @@ class CompileChild:
     Use as a context manager; the child is always stopped on exit, errors included.
 
     Args:
-      source: The workload source (see :mod:`jaxfit.sources`).
+      source: The workload source (see :mod:`jaxfit.fit.sources`).
       mem_fraction: The XLA_PYTHON_CLIENT_MEM_FRACTION the child starts with.
       cache_path: The SQLite compile cache, or ``None`` to compile everything afresh.
       start_timeout: Seconds to wait for JAX to start and the workload to build.

@@ -1,8 +1,8 @@
 """fit: the largest batch under a memory fraction, or the smallest fraction for a batch.
 
 The flow is ``workload -> compile under the target limit -> memory report -> search``: a compile
-child started under the target fraction answers "peak at batch B" (:mod:`jaxfit.compiler`), the
-search (:mod:`jaxfit.search`) decides which batches to ask about, and this module turns fractions
+child started under the target fraction answers "peak at batch B" (:mod:`jaxfit.fit.compiler`), the
+search (:mod:`jaxfit.fit.search`) decides which batches to ask about, and this module turns fractions
 into budgets and answers into a :class:`FitResult`.
 """
 
@@ -22,15 +22,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxfit import budget as budget_mod
-from jaxfit.cache import AnswerCache, default_cache_path, usable_cache
-from jaxfit.compiler import CompileChild, CompileOutcome, DeviceInfo
+from jaxfit.fit import budget as budget_mod
+from jaxfit.fit.cache import AnswerCache, default_cache_path, usable_cache
+from jaxfit.fit.compiler import CompileChild, CompileOutcome, DeviceInfo
 from jaxfit.errors import CompileError, ConfigError, DoesNotFitError, JaxfitError
-from jaxfit.leftovers import cleaned
-from jaxfit.pin import Pin, discard_pin, pin_answer, pins_root, rehome
-from jaxfit.pin import find as find_pin
-from jaxfit.search import Grid, prove, search
-from jaxfit.sources import source_identity
+from jaxfit.fit.leftovers import cleaned
+from jaxfit.fit.pin import Pin, discard_pin, pin_answer, pins_root, rehome
+from jaxfit.fit.pin import find as find_pin
+from jaxfit.fit.search import Grid, prove, search
+from jaxfit.fit.sources import source_identity
 
 DEFAULT_MEM_FRACTION = 0.45
 Progress = Callable[[str, Mapping[str, Any]], None]
@@ -74,7 +74,7 @@ class FitOptions:
       width: Compiles per search round (concurrent threads in the child); ``None``: 4 on a GPU,
         ``min(4, cpu count)`` on a CPU.
       use_cache: Read and write the SQLite cache.
-      cache_path: The cache file (default :func:`jaxfit.cache.default_cache_path`).
+      cache_path: The cache file (default :func:`jaxfit.fit.cache.default_cache_path`).
       verify: On a GPU, prove the answer on autotuned compiles (the program as it will really run;
         near the limit the untuned one can need far less memory) after the search on untuned ones;
         off: the untuned answer, faster but approximate.
@@ -117,7 +117,7 @@ class FitOptions:
 
     def cache_file(self) -> str | None:
         """The cache file to use, or None (``use_cache`` off, or a cache that cannot be used:
-        :func:`jaxfit.cache.usable_cache` warns once and jaxfit runs without it)."""
+        :func:`jaxfit.fit.cache.usable_cache` warns once and jaxfit runs without it)."""
         if not self.use_cache:
             return None
         return usable_cache(self.cache_path or default_cache_path())
@@ -158,7 +158,7 @@ class Candidate:
 
 @dataclasses.dataclass(frozen=True)
 class FitResult:
-    """The answer of a fit, for people (``jaxfit.report``) and machines (:meth:`to_dict`).
+    """The answer of a fit, for people (``jaxfit.cli.output``) and machines (:meth:`to_dict`).
 
     Attributes:
       mode: ``batch`` (largest batch under a fraction) or ``fraction`` (smallest fraction for a batch).
@@ -181,7 +181,7 @@ class FitResult:
         ``None`` when it could not be measured), which co-located processes must add.
       cached: Whether the answer came from the answer cache.
       message: One line for people.
-      pin: The proven program, stored for the training process (:mod:`jaxfit.pin`): its
+      pin: The proven program, stored for the training process (:mod:`jaxfit.fit.pin`): its
         ``path`` (``pin.json``), ``step_name``, ``batch_size``, ``peak_bytes``... ``None`` when it
         could not be stored (``pin_note`` says why).
       pin_note: Why the program is not pinned, or a remark on the pin; ``None`` when all is well.
@@ -217,8 +217,8 @@ class FitResult:
 
     def run_env(self) -> dict[str, str]:
         """The environment that runs the proven program in a user's own shell
-        (:func:`jaxfit.pin.run_environment`); prepend its PYTHONPATH to your own."""
-        from jaxfit.pin import Pin, run_environment
+        (:func:`jaxfit.fit.pin.run_environment`); prepend its PYTHONPATH to your own."""
+        from jaxfit.fit.pin import Pin, run_environment
 
         return run_environment(Pin.from_dict(self.pin) if self.pin else None, self.mem_fraction)
 
@@ -376,7 +376,7 @@ def _note_found_step(progress: Progress | None, workload: Mapping[str, Any]) -> 
 
 
 def _with_leftovers_cleaned(fit: Callable[..., FitResult]) -> Callable[..., FitResult]:
-    """Run a fit of a script inside :func:`jaxfit.leftovers.cleaned`: what its probes' start-up
+    """Run a fit of a script inside :func:`jaxfit.fit.leftovers.cleaned`: what its probes' start-up
     created in the working folder is removed (or named) and said in the result's message."""
 
     @functools.wraps(fit)
@@ -406,8 +406,8 @@ def fit_batch(source: Mapping[str, Any], options: FitOptions = FitOptions(),
     """The largest batch whose compiled peak fits the budget of ``options.mem_fraction``.
 
     Args:
-      source: Where the workload comes from (:func:`jaxfit.sources.example_source` or
-        :func:`jaxfit.sources.entry_source`).
+      source: Where the workload comes from (:func:`jaxfit.fit.sources.example_source` or
+        :func:`jaxfit.fit.sources.entry_source`).
       options: Fraction, headroom, bounds, cache.
       progress: Called with ``(event, data)`` as the search goes (``starting``, ``start``,
         ``round``, ``compiled``, ``note``, ``cached``, ``done``).

@@ -1,8 +1,8 @@
 """The memory monitor of ``jaxfit schedule``: what the runs side by side really take, sampled to SQLite.
 
 A :class:`Monitor` is a daemon thread that, every ``interval`` seconds, takes one *reading* and
-stores it as :class:`~jaxfit.runstate.Sample` rows with :meth:`StateStore.add_samples
-<jaxfit.runstate.StateStore.add_samples>`. All rows of one reading carry the same ``time.time()``
+stores it as :class:`~jaxfit.schedule.state.Sample` rows with :meth:`StateStore.add_samples
+<jaxfit.schedule.state.StateStore.add_samples>`. All rows of one reading carry the same ``time.time()``
 timestamp, so a reading can be grouped back together by ``t``. Each reading holds
 
 - one row per GPU with ``name`` None: the memory used on that GPU (and its total and utilisation
@@ -17,13 +17,13 @@ physical device: ``nvmlDeviceGetMemoryInfo`` gives used and total bytes,
 ``nvmlDeviceGetUtilizationRates().gpu`` the utilisation (%), and
 ``nvmlDeviceGetComputeRunningProcesses`` the processes with their used bytes. A process belongs to
 the experiment whose runner leads its process group (``os.getpgid(pid)`` is the runner's pid: the
-runner of :mod:`jaxfit.launchers` leads its own session and starts the training command in it).
+runner of :mod:`jaxfit.schedule.backends.local` leads its own session and starts the training command in it).
 Processes of no live run (another user's job, a notebook, a run that escaped its process group)
 are kept with ``name`` :data:`OTHER`, so memory the plan did not charge stays visible.
 
 NVML numbers devices in its own (PCI bus) order and ignores ``CUDA_VISIBLE_DEVICES``: the caller
 passes, for each plan GPU, the *physical* NVML index, the index ``nvidia-smi`` shows (what
-:func:`jaxfit.devices.detect_gpus` reads), not the position among the visible GPUs.
+:func:`jaxfit.fit.devices.detect_gpus` reads), not the position among the visible GPUs.
 
 **Host fallback** for logical GPUs (``--gpus N --device-memory SIZE``: the runs compute on the
 CPU) and wherever NVML is not used: per live run, the resident set size (RSS) of every process in
@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from jaxfit.errors import ConfigError
-from jaxfit.runstate import Sample, StateStore
+from jaxfit.schedule.state import Sample, StateStore
 
 OTHER = "<other>"
 """The ``name`` of NVML process rows that belong to no live run (experiment names never hold ``<``)."""

@@ -17,7 +17,7 @@ A queue file is YAML::
         timeout: 2h                    # optional: seconds, or 90s, 30m, 2h, 1h30m (default none)
         env: {KEY: value}              # optional extra environment
 
-Sizes are read by :func:`jaxfit.budget.parse_size` (``96GiB``, ``80GB``, ``618MiB``, bytes).
+Sizes are read by :func:`jaxfit.fit.budget.parse_size` (``96GiB``, ``80GB``, ``618MiB``, bytes).
 A queue file must not have a top-level ``family:`` key: queue files may live in ``configs/`` next
 to the example model configs, and ``family:`` is what marks a YAML file there as an example.
 
@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import yaml
 
-from jaxfit.budget import format_bytes, parse_size
+from jaxfit.fit.budget import format_bytes, parse_size
 from jaxfit.errors import ConfigError
 
 GpuSelection = Literal["all"] | int | tuple[int, ...]

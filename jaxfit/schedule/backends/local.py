@@ -1,5 +1,5 @@
 """How the scheduler starts an attempt and learns how it ended: the local backend (and the interface
-the Ray backend in :mod:`jaxfit.ray_backend` implements).
+the Ray backend in :mod:`jaxfit.schedule.backends.ray` implements).
 
 Every attempt runs under ``_probe/jaxfit_runner.py``: the runner leads its own process session,
 starts the command with its output in the attempt's log file, and writes the exit code to a status

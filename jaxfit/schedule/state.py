@@ -82,7 +82,7 @@ class ExperimentRecord:
       reason: Why it is in its state (one line).
       log_path: The log file of the latest attempt.
       pin_path: The ``pin.json`` of the program its fit proved (a copy in the state folder; None:
-        nothing pinned), which its attempts load (:mod:`jaxfit.pin`).
+        nothing pinned), which its attempts load (:mod:`jaxfit.fit.pin`).
     """
 
     name: str

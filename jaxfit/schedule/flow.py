@@ -1,9 +1,9 @@
 """``jaxfit schedule`` without ``--dry-run``: plan, store, run, monitor, report (the flow the CLI calls).
 
-- :func:`start_schedule` plans the queue (:func:`jaxfit.schedule.plan_queue`), writes the state
-  (:func:`jaxfit.execute.create_state`) and runs it;
+- :func:`start_schedule` plans the queue (:func:`jaxfit.schedule.planner.plan_queue`), writes the state
+  (:func:`jaxfit.schedule.scheduler.create_state`) and runs it;
 - :func:`resume_schedule` opens a stored schedule, adopts what still runs, and runs the rest;
-- both run the memory monitor (:mod:`jaxfit.monitor`) beside the scheduler, show a live table on a
+- both run the memory monitor (:mod:`jaxfit.schedule.monitor`) beside the scheduler, show a live table on a
   terminal (event lines otherwise), and end with a summary table, ``--json`` and a timeline PNG.
 """
 
@@ -19,18 +19,18 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from jaxfit import packing
-from jaxfit.budget import format_bytes
-from jaxfit.devices import detect_gpus, visible_entry
+from jaxfit.schedule import packing
+from jaxfit.fit.budget import format_bytes
+from jaxfit.fit.devices import detect_gpus, visible_entry
 from jaxfit.errors import ConfigError
-from jaxfit.execute import (
+from jaxfit.schedule.scheduler import (
     ExecuteOptions, ScheduleLock, Scheduler, create_state, ensure_no_schedule, open_state, pin_status, result_rows,
 )
-from jaxfit.fit import FitOptions, Progress
-from jaxfit.launchers import Launcher, LocalLauncher
-from jaxfit.queue import Queue
-from jaxfit.runstate import StateStore
-from jaxfit.schedule import check_commands, load_plan, plan_queue, resolve_gpus
+from jaxfit.fit.engine import FitOptions, Progress
+from jaxfit.schedule.backends.local import Launcher, LocalLauncher
+from jaxfit.schedule.queue_file import Queue
+from jaxfit.schedule.state import StateStore
+from jaxfit.schedule.planner import check_commands, load_plan, plan_queue, resolve_gpus
 
 BACKENDS = ("local", "ray")
 
@@ -42,7 +42,7 @@ class Outcome:
     Attributes:
       exit_code: 0 all done, 1 some failed or timed out, 128 + signal when stopped.
       state_dir: Where its state, logs and timeline are.
-      rows: The ``--json`` entries (:func:`jaxfit.execute.result_rows`).
+      rows: The ``--json`` entries (:func:`jaxfit.schedule.scheduler.result_rows`).
       timeline: The timeline PNG, or None when it could not be drawn.
       monitor_note: Why the GPU monitor sampled host memory or nothing, if it did.
     """
@@ -63,7 +63,7 @@ def make_launcher(backend: str, ray_address: str | None = None, *, logical_gpus:
     if backend == "local":
         return LocalLauncher()
     if backend == "ray":
-        from jaxfit.ray_backend import RayLauncher
+        from jaxfit.schedule.backends.ray import RayLauncher
 
         return RayLauncher(ray_address, num_gpus=logical_gpus if ray_address is None else None)
     raise ConfigError(f"unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}")
@@ -96,7 +96,7 @@ def status_table(store: StateStore, title: str = "") -> Table:
 def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Console, *, quiet: bool,
          monitor_interval: float, timeline_path: Path | None) -> Outcome:
     """Run the scheduler with the monitor and the display; then draw the timeline."""
-    from jaxfit.monitor import Monitor
+    from jaxfit.schedule.monitor import Monitor
 
     physical: dict[int, int | None] = {}
     for g in store.meta("plan")["gpus"]:
@@ -134,7 +134,7 @@ def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Cons
 
 def draw(store: StateStore, path: Path, title: str = "") -> Path:
     """Draw a stored schedule's timeline PNG (one lane per GPU: planned needs, measured memory)."""
-    from jaxfit.timeline import draw_timeline
+    from jaxfit.schedule.timeline import draw_timeline
 
     gpus = [(g["index"], g["total_bytes"], g["capacity_bytes"]) for g in store.meta("plan")["gpus"]]
     return draw_timeline(path, store.experiments(), store.attempts(), store.samples(), gpus,
@@ -165,15 +165,15 @@ def target_gpus(queue: Queue, *, gpus: int | None, device_memory_bytes: int | No
 
     On the visible GPUs (no ``--device-memory``, no more ``--gpus`` than are visible) fractions are
     of CUDA's total, which is less than nvidia-smi's (FACTS.md #4), and each process holds memory
-    outside its pool (FACTS.md #5): both come from :func:`jaxfit.calibrate.calibrate` (measured
-    once, then cached). Otherwise the GPUs are logical (:func:`jaxfit.schedule.resolve_gpus`).
+    outside its pool (FACTS.md #5): both come from :func:`jaxfit.schedule.calibrate.calibrate` (measured
+    once, then cached). Otherwise the GPUs are logical (:func:`jaxfit.schedule.planner.resolve_gpus`).
 
     Returns:
       ``(queue, gpus, on_device)``: ``on_device`` is False for logical GPUs (runs compute on the CPU).
 
     Raises:
       ConfigError: logical GPUs asked for while GPUs are visible, outside ``--dry-run``; every error
-        of :func:`jaxfit.schedule.resolve_gpus` and of calibration.
+        of :func:`jaxfit.schedule.planner.resolve_gpus` and of calibration.
     """
     visible = detect_gpus()
     if visible and not dry_run and (device_memory_bytes is not None or gpus is not None and gpus > len(visible)):
@@ -183,7 +183,7 @@ def target_gpus(queue: Queue, *, gpus: int | None, device_memory_bytes: int | No
         )
     on_device = bool(visible) and device_memory_bytes is None and (gpus is None or gpus <= len(visible))
     if on_device:
-        from jaxfit.calibrate import calibrate
+        from jaxfit.schedule.calibrate import calibrate
 
         calibration = calibrate()
         visible = calibration.cuda_totals(visible)

@@ -2,7 +2,7 @@
 
 XLA squeezes a step toward the allocator limit it sees (FACTS.md #2), so the memory analysis is
 only right when it comes from a process whose ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is the target
-one. The parent (:mod:`jaxfit.compiler`) starts ``python -m jaxfit.worker`` with that fraction and
+one. The parent (:mod:`jaxfit.fit.compiler`) starts ``python -m jaxfit.fit.worker`` with that fraction and
 preallocation off (compiling allocates nothing, so other jobs on the GPU are undisturbed,
 FACTS.md #3), with the workload source in ``$JAXFIT_WORKLOAD_SOURCE``. The protocol is that of
 :mod:`jaxfit._probe.jaxfit_compile_server`, which the script probe speaks too. Not a public interface.
@@ -22,7 +22,7 @@ SOURCE_ENV = "JAXFIT_WORKLOAD_SOURCE"
 def main() -> int:
     requests, replies = server_mod.open_channels()
     try:
-        from jaxfit.sources import build_workload
+        from jaxfit.fit.sources import build_workload
 
         workload = build_workload(json.loads(os.environ[SOURCE_ENV]))
         description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxfit.errors import ConfigError, WorkloadError
-from jaxfit.workload import Workload
+from jaxfit.fit.workload import Workload
 
 
 def example_source(name: str, overrides: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def script_source(
         ``["--checkpoint-base-dir=/tmp/probe"]`` so that the probe's start-up (which may create the
         run's checkpoint folder, as openpi's does) leaves nothing where the real run will look.
     """
-    from jaxfit.command import batch_value, check_command
+    from jaxfit.run.command import batch_value, check_command
 
     if step_name is not None and not step_name.isidentifier():
         raise ConfigError(f"--step-name {step_name!r} is not a Python function name")
@@ -117,7 +117,7 @@ def _build_entry(entry: str, path: str | None) -> Workload:
     if not isinstance(workload, Workload):
         raise WorkloadError(
             f"--entry {entry}: the factory returned {type(workload).__name__}, not a jaxfit.Workload; "
-            "return jaxfit.Workload(...) or jaxfit.workload.from_state(...)"
+            "return jaxfit.Workload(...) or jaxfit.fit.workload.from_state(...)"
         )
     return workload
 

@@ -5,7 +5,7 @@ The loop (``Scheduler.run``) polls every ``poll_interval`` seconds:
 1. **Ends.** A run that exited 0 is ``done``. One whose log shows it ran out of memory
    (``RESOURCE_EXHAUSTED`` / ``Out of memory``) is started again with more gradient accumulation
    steps, so the same ``--batch-size`` (the global batch) is split into smaller micro-batches
-   (:func:`jaxfit.accumulation.next_accumulation`); these retries do not count against ``retries``, and
+   (:func:`jaxfit.run.accumulation.next_accumulation`); these retries do not count against ``retries``, and
    when no larger accumulation divides the batch the run ``failed``. Any other non-zero exit is a
    crash: it is retried while it has ``retries`` left, then ``failed``.
 2. **Timeouts.** A run past its ``timeout`` gets SIGTERM, and SIGKILL ``grace_seconds`` later; it
@@ -18,8 +18,8 @@ The loop (``Scheduler.run``) polls every ``poll_interval`` seconds:
    earlier, and no GPU ever holds more than its capacity. Retried runs keep their GPU and fraction
    (a smaller micro-batch needs less, not more).
 
-Every decision is an event in the SQLite state (:mod:`jaxfit.runstate`), committed at once. Each
-attempt runs under a runner that outlives the scheduler (:mod:`jaxfit.launchers`), so after a
+Every decision is an event in the SQLite state (:mod:`jaxfit.schedule.state`), committed at once. Each
+attempt runs under a runner that outlives the scheduler (:mod:`jaxfit.schedule.backends.local`), so after a
 SIGKILL ``--resume`` adopts attempts that are still running, reads how the others ended, and
 starts only what never finished; finished runs are never run again and every log stays on disk.
 Ctrl-C or SIGTERM stop the runs gracefully (SIGTERM, then SIGKILL after the grace), mark them
@@ -43,21 +43,21 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxfit import packing
+from jaxfit.schedule import packing
 from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
-from jaxfit.compiler import PROBE_DIR
-from jaxfit.devices import visible_entry
+from jaxfit.fit.compiler import PROBE_DIR
+from jaxfit.fit.devices import visible_entry
 from jaxfit._probe.jaxfit_pin import GUARD_MARKER
 from jaxfit.errors import ConfigError
-from jaxfit.launchers import LOST, Handle, LaunchSpec, Launcher, read_status_file
-from jaxfit.pin import Pin, hook_environment, read_report
-from jaxfit.pin import copy_to as copy_pin
-from jaxfit.queue import Queue
-from jaxfit.report import write_json
-from jaxfit.runstate import Attempt, ExperimentRecord, StateStore
-from jaxfit.accumulation import next_accumulation, with_steps
-from jaxfit.schedule import ScheduledRun
-from jaxfit.tracking import resolve_mode
+from jaxfit.schedule.backends.local import LOST, Handle, LaunchSpec, Launcher, read_status_file
+from jaxfit.fit.pin import Pin, hook_environment, read_report
+from jaxfit.fit.pin import copy_to as copy_pin
+from jaxfit.schedule.queue_file import Queue
+from jaxfit.cli.output import write_json
+from jaxfit.schedule.state import Attempt, ExperimentRecord, StateStore
+from jaxfit.run.accumulation import next_accumulation, with_steps
+from jaxfit.schedule.planner import ScheduledRun
+from jaxfit.run.tracking import resolve_mode
 
 LOG_OOM_MARKERS = ("OutOfMemoryError", GUARD_MARKER)
 """Text in a failed attempt's log that means it ran out of memory, beyond XLA's own markers

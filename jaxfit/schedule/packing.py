@@ -7,7 +7,7 @@ an allocator pool of ``f x total`` (FACTS.md #4), and holds about 618 MiB more o
 (CUDA context and libraries, FACTS.md #5). The pool may be fully preallocated, so a run is
 charged its whole pool, not its peak::
 
-    fraction = ceil_to_0.01((peak + headroom) / total)      (jaxfit.budget.fraction_for_bytes)
+    fraction = ceil_to_0.01((peak + headroom) / total)      (jaxfit.fit.budget.fraction_for_bytes)
     need     = ceil(fraction x total) + process_overhead
 
 or, for a run with a fixed fraction, that fraction. The fraction (and so the need) depends on the
@@ -48,7 +48,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from jaxfit.budget import fraction_for_bytes, format_bytes
+from jaxfit.fit.budget import fraction_for_bytes, format_bytes
 from jaxfit.errors import ConfigError
 
 

@@ -5,10 +5,10 @@ This module plans only (``jaxfit schedule QUEUE.yaml --dry-run``); it starts no 
 What each experiment gets, on a GPU of ``total`` bytes
 -------------------------------------------------------
 - ``batch: B`` and ``fraction: F``: nothing is fitted; the run needs its pool ``F x total``.
-- ``batch: B``, ``fraction: auto``: :func:`jaxfit.fit.fit_fraction` finds the smallest fraction
+- ``batch: B``, ``fraction: auto``: :func:`jaxfit.fit.engine.fit_fraction` finds the smallest fraction
   (to 0.01) under which ``B`` compiles to a peak that fits; the run needs that fraction (and the
   packer checks the pool holds the peak).
-- ``batch: auto``, ``fraction: F``: :func:`jaxfit.fit.fit_batch` finds the largest batch under ``F``.
+- ``batch: auto``, ``fraction: F``: :func:`jaxfit.fit.engine.fit_batch` finds the largest batch under ``F``.
 - both ``auto``: an *equal share*. With ``n = ceil(experiments / GPUs)`` runs per GPU, each gets
   ``f = floor_to_0.01((capacity - n x overhead) / n / total)``, where ``capacity = total - reserve``,
   and the largest batch under ``f`` is fitted. So if every run of the queue were ``auto`` they
@@ -21,7 +21,7 @@ fewest accumulation steps ``a`` (dividing it) whose micro-batch is at most the g
 batch, and the accumulated step is compiled under the run's fraction to prove it fits (the
 gradient accumulator costs memory too; the next ``a`` is tried when it does not).
 
-Every fit runs the experiment's own command as a probe (:func:`jaxfit.sources.script_source`: its
+Every fit runs the experiment's own command as a probe (:func:`jaxfit.fit.sources.script_source`: its
 jitted ``train_step`` is intercepted and compiled, never run), in the current directory, with the
 experiment's ``env`` added. With GPUs of different sizes the batches and fractions are decided on
 the smallest one: a batch that fits a fraction of the smallest GPU fits the same fraction of a
@@ -45,14 +45,14 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from jaxfit import packing
-from jaxfit.accumulation import BATCH_FLAG, fit_accumulated, with_steps
-from jaxfit.budget import format_bytes
-from jaxfit.devices import detect_gpus
+from jaxfit.schedule import packing
+from jaxfit.run.accumulation import BATCH_FLAG, fit_accumulated, with_steps
+from jaxfit.fit.budget import format_bytes
+from jaxfit.fit.devices import detect_gpus
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
-from jaxfit.fit import FitOptions, Progress, fit_batch, fit_fraction
-from jaxfit.queue import Experiment, Queue
-from jaxfit.sources import script_source
+from jaxfit.fit.engine import FitOptions, Progress, fit_batch, fit_fraction
+from jaxfit.schedule.queue_file import Experiment, Queue
+from jaxfit.fit.sources import script_source
 
 QUEUE_HINT = "raise the fraction or use fraction: auto"
 NO_GPU_HINT = "pass --gpus N --device-memory SIZE to plan on N GPUs of SIZE (e.g. --gpus 1 --device-memory 80GiB)"
@@ -73,7 +73,7 @@ class ScheduledRun:
         (1: none); the compiled micro-batch is ``batch_size / grad_accum_steps``.
       fitted: Whether anything was fitted (False: batch and fraction both given).
       priority: The experiment's priority.
-      pin: The proven program of its fit (:class:`jaxfit.pin.Pin` as a dict), which its training
+      pin: The proven program of its fit (:class:`jaxfit.fit.pin.Pin` as a dict), which its training
         process loads; None when nothing was fitted or it could not be stored.
     """
 
@@ -252,7 +252,7 @@ def check_commands(queue: Queue) -> None:
     Raises:
       ConfigError: naming the experiment and the program.
     """
-    from jaxfit.command import check_command
+    from jaxfit.run.command import check_command
 
     for experiment in queue.experiments:
         try:
@@ -267,7 +267,7 @@ def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOp
     """Measure every experiment (on the smallest of ``gpus``), then pack them onto ``gpus``.
 
     ``on_device``: ``gpus`` are the visible GPUs (with CUDA's totals,
-    :meth:`jaxfit.calibrate.Calibration.cuda_totals`), so fits compile under the device's own
+    :meth:`jaxfit.schedule.calibrate.Calibration.cuda_totals`), so fits compile under the device's own
     limits; otherwise they plan for GPUs of the smallest size given.
 
     Raises:

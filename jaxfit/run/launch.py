@@ -12,17 +12,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxfit.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
-from jaxfit.accumulation import BATCH_FLAG as DEFAULT_BATCH_FLAG
-from jaxfit.cache import default_cache_path
-from jaxfit.command import batch_value, with_batch
-from jaxfit.compiler import HOOK_VARIABLES, hooked_pythonpath
-from jaxfit.devices import visible_device_count
+from jaxfit.run.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
+from jaxfit.run.accumulation import BATCH_FLAG as DEFAULT_BATCH_FLAG
+from jaxfit.fit.cache import default_cache_path
+from jaxfit.run.command import batch_value, with_batch
+from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
+from jaxfit.fit.devices import visible_device_count
 from jaxfit.errors import ConfigError
-from jaxfit.fit import FitOptions, FitResult, Progress, fit_batch, fit_fraction, jaxfit_version
-from jaxfit.pin import Pin, hook_environment, read_report
-from jaxfit.report import write_json
-from jaxfit.tracking import resolve_mode
+from jaxfit.fit.engine import FitOptions, FitResult, Progress, fit_batch, fit_fraction, jaxfit_version
+from jaxfit.fit.pin import Pin, hook_environment, read_report
+from jaxfit.cli.output import write_json
+from jaxfit.run.tracking import resolve_mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ class RunPlan:
     def summary(self) -> str:
         how = "fitted" if self.fit else "as given"
         peak = self.settings.get("predicted_peak_bytes")
-        from jaxfit.budget import format_bytes
+        from jaxfit.fit.budget import format_bytes
 
         steps = int(self.settings.get("grad_accum_steps") or 1)
         accumulated = f" as {steps} x {self.batch_size // steps}" if steps > 1 else ""
@@ -137,7 +137,7 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
     """Decide the fraction and batch of a training command (fitting what was not given).
 
     Args:
-      source: A script source (:func:`jaxfit.sources.script_source`).
+      source: A script source (:func:`jaxfit.fit.sources.script_source`).
       options: Fit options; ``mem_fraction`` is the fraction to run under.
       batch_size: The batch to run at; ``None`` fits the largest.
       fraction_given: Whether the user chose the fraction; with a batch and no fraction, the
@@ -145,7 +145,7 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
       global_batch: Samples per optimizer step to keep: the command runs with the batch flag at
         this value and ``--grad-accum-steps`` splitting it into micro-batches of at most the given
         (or fitted) batch; the accumulated step is compiled to prove it fits
-        (:func:`jaxfit.accumulation.fit_accumulated`).
+        (:func:`jaxfit.run.accumulation.fit_accumulated`).
       progress: Fit progress events.
 
     Raises:
@@ -248,7 +248,7 @@ class RunOutcome:
 
     def summary(self) -> str:
         """One line for people."""
-        from jaxfit.budget import format_bytes
+        from jaxfit.fit.budget import format_bytes
 
         if self.program_pinned:
             return f"the train step ran the proven program (peak {format_bytes(self.pinned_peak_bytes)})"
@@ -261,7 +261,7 @@ class RunOutcome:
 
 def outcome_of(exit_code: int, plan_pin: Pin | None, report: Mapping[str, Any] | None, *,
                not_pinned: str | None) -> RunOutcome:
-    """A run's :class:`RunOutcome` from the hook's report (``jaxfit.pin.read_report``)."""
+    """A run's :class:`RunOutcome` from the hook's report (``jaxfit.fit.pin.read_report``)."""
     if report is None:
         reason = not_pinned or ("the train step was never called" if plan_pin is not None else "nothing was pinned")
         return RunOutcome(exit_code, False, plan_pin.peak_bytes if plan_pin else None, None, reason)

@@ -2,7 +2,7 @@
 
 Design
 ------
-:class:`RayLauncher` implements the :class:`jaxfit.launchers.Launcher` protocol. ``start(spec)``
+:class:`RayLauncher` implements the :class:`jaxfit.schedule.backends.local.Launcher` protocol. ``start(spec)``
 submits one Ray task declared with ``num_gpus=spec.gpu_share`` (the run's share of one GPU, so Ray's
 fractional packing follows the scheduler's plan), ``num_cpus=0`` (:data:`TASK_NUM_CPUS`: the task
 only waits on a subprocess, and CPU slots would otherwise cap how many runs share the GPUs, e.g. two
@@ -19,7 +19,7 @@ training run again after a worker crash: retries are the scheduler's decision). 
    Workers are asked to run at nice 0 (Ray starts them at nice 15, which the commands would
    inherit) through a ``runtime_env`` that sets ``RAY_worker_niceness=0``;
 3. starts ``[python, RUNNER, status_path, "--", *command]`` as
-   :class:`~jaxfit.launchers.LocalLauncher` does: stdout and stderr appended to ``spec.log_path``
+   :class:`~jaxfit.schedule.backends.local.LocalLauncher` does: stdout and stderr appended to ``spec.log_path``
    (the log stays complete: the scheduler greps it for ``RESOURCE_EXHAUSTED``), ``cwd=spec.cwd``,
    stdin from /dev/null, leader of a new session; but through a small guard process
    (:data:`_GUARD`, standard library only). The guard double-forks, so it is no child of the Ray
@@ -35,7 +35,7 @@ training run again after a worker crash: retries are the scheduler's decision). 
 4. writes ``{"pid", "host", "boot_id"}`` of the runner to ``status_path + ".pid"``, so the handle
    learns the runner's pid (``handle.pid``, for the memory monitor and :meth:`RayHandle.kill`)
    when the runner runs on the scheduler's own host;
-5. returns the exit code as :class:`~jaxfit.launchers.LocalHandle` reports it: the status file's
+5. returns the exit code as :class:`~jaxfit.schedule.backends.local.LocalHandle` reports it: the status file's
    code (negative for a signal) or, when the runner recorded none, its own return code (``-9``
    when it was SIGKILLed).
 
@@ -100,7 +100,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxfit.errors import ConfigError
-from jaxfit.launchers import RUNNER, LaunchSpec, _is_runner, _signal_group, read_status
+from jaxfit.schedule.backends.local import RUNNER, LaunchSpec, _is_runner, _signal_group, read_status
 
 GRACE_S = 10.0
 """Seconds a terminated attempt gets between SIGTERM and SIGKILL of its process group."""

@@ -6,7 +6,7 @@ The measurement starts one compile child on the GPU (fraction 1.0, preallocation
 allocator limit is CUDA's total, which it also records),
 runs small fp32 and bf16 matmuls so the math libraries load, and takes nvidia-smi's used memory for
 that process minus the pool's bytes. The answer is cached (the answer cache of
-:mod:`jaxfit.cache`) under the device identity and jax version, so ``jaxfit schedule`` can use it
+:mod:`jaxfit.fit.cache`) under the device identity and jax version, so ``jaxfit schedule`` can use it
 at no cost; ``--no-cache`` measures again.
 """
 
@@ -17,14 +17,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jaxfit import packing
+from jaxfit.schedule import packing
 
-from jaxfit.cache import AnswerCache, default_cache_path, usable_cache
-from jaxfit.compiler import CompileChild
-from jaxfit.devices import detect_gpus
+from jaxfit.fit.cache import AnswerCache, default_cache_path, usable_cache
+from jaxfit.fit.compiler import CompileChild
+from jaxfit.fit.devices import detect_gpus
 from jaxfit.errors import ConfigError
-from jaxfit.fit import _jax_version, device_identity
-from jaxfit.sources import example_source
+from jaxfit.fit.engine import _jax_version, device_identity
+from jaxfit.fit.sources import example_source
 
 CALIBRATION_FRACTION = 1.0
 """The fraction the measuring child starts under: its allocator limit is then CUDA's total (with
