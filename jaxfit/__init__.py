@@ -19,7 +19,7 @@ from jaxfit.errors import (
     WorkerError,
     WorkloadError,
 )
-from jaxfit.fit.engine import Candidate, FitOptions, FitResult, fit_batch, fit_fraction
+from jaxfit.fit import Candidate, FitOptions, FitResult, fit_batch, fit_fraction
 from jaxfit.fit.memory import MemoryReport, analyse
 from jaxfit.fit.search import Grid, SearchResult, doubling_bisection, search
 from jaxfit.fit.sources import entry_source, example_source

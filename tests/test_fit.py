@@ -134,7 +134,7 @@ def test_nothing_fits_says_what_the_smallest_batch_needs():
 
 def test_batches_fitting_above_the_answer_are_reported():
     """Non-monotone curves (measured on an H100: an MLP ran at 2252 and at 2468, not at 2253)."""
-    from jaxfit.fit.engine import Candidate, fitting_above
+    from jaxfit.fit.results import Candidate, fitting_above
 
     def candidate(batch: int, fits: bool, autotuned: bool) -> Candidate:
         return Candidate(batch, 100, 1, 1, 0, 1, fits, 1.0, False, autotuned)
@@ -147,7 +147,7 @@ def test_batches_fitting_above_the_answer_are_reported():
 
 
 def test_an_answer_close_to_the_budget_gets_a_headroom_note():
-    from jaxfit.fit.engine import near_budget_note
+    from jaxfit.fit.results import near_budget_note
 
     assert near_budget_note(17_388_497_252, 18_025_021_440) == ""  # 3.5 % spare (the H100 gpt-small answer)
     note = near_budget_note(1_481_311_136, 1_505_755_136)  # 1.6 % spare (the H100 ViT-S answer)

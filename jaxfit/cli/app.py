@@ -14,7 +14,7 @@ from jaxfit.fit import budget as budget_mod
 from jaxfit.errors import JaxfitError
 
 if TYPE_CHECKING:  # the CLI imports the fit machinery only when a command runs
-    from jaxfit.fit.engine import FitOptions
+    from jaxfit.fit.options import FitOptions
     from jaxfit.cli.output import ProgressPrinter
 
 app = tyro.extras.SubcommandApp()
@@ -50,7 +50,7 @@ class SearchArgs:
 
     def options(self, start_timeout: float = 900.0) -> FitOptions:
         """The fit options these flags describe (validated)."""
-        from jaxfit.fit.engine import FitOptions
+        from jaxfit.fit.options import FitOptions
 
         options = FitOptions(
             mem_fraction=self.mem_fraction,
@@ -143,9 +143,10 @@ def fit_command(
         wandb_project: The W&B project of --wandb.
     """
     _parsed()
-    from jaxfit.fit.engine import fit_batch, fit_fraction
-    from jaxfit.cli.output import check_writable, print_result, write_json
-    from jaxfit.fit.sources import entry_source, example_source
+    from jaxfit.fit import fit_batch, fit_fraction
+    from jaxfit.cli.output import print_result
+    from jaxfit.files import check_writable, write_json
+    from jaxfit.fit.sources import ScriptSource, entry_source, example_source
 
     if sum(bool(x) for x in (example, entry, script)) > 1:
         raise JaxfitError("give one of --example, --entry or --script")
@@ -173,8 +174,8 @@ def fit_command(
         result = fit_fraction(source, batch_size, options, progress=progress)
     if json:
         write_json(json, result.to_dict())
-    command = list(source.get("run_command") or []) or None
-    batch_flag = str(source.get("batch_flag") or "--batch-size")
+    command = list(source.run_command) if isinstance(source, ScriptSource) else None
+    batch_flag = source.batch_flag if isinstance(source, ScriptSource) else "--batch-size"
     if quiet:
         out.print(result.message, highlight=False)
     else:
@@ -219,7 +220,7 @@ def run_command(
     """
     _parsed()
     from jaxfit.run.launch import execute, plan_run
-    from jaxfit.cli.output import check_writable, write_json
+    from jaxfit.files import check_writable, write_json
 
     if json:
         check_writable(json)
@@ -313,10 +314,11 @@ def schedule_command(
     _parsed()
     from pathlib import Path
 
-    from jaxfit.schedule.scheduler import ExecuteOptions, check_state_dir, default_state_dir
-    from jaxfit.fit.engine import FitOptions
+    from jaxfit.schedule.folder import check_state_dir, default_state_dir
+    from jaxfit.schedule.scheduler import ExecuteOptions
+    from jaxfit.fit.options import FitOptions
     from jaxfit.schedule.queue_file import load_queue
-    from jaxfit.cli.output import check_writable, write_json
+    from jaxfit.files import check_writable, write_json
     from jaxfit.schedule.planner import gpu_lines, plan_queue, schedule_dict, schedule_table
     from jaxfit.schedule.flow import target_gpus
 
@@ -382,7 +384,7 @@ def calibrate_command(json: str | None = None, cache: bool = True) -> int:
     """
     _parsed()
     from jaxfit.schedule.calibrate import calibrate
-    from jaxfit.cli.output import check_writable, write_json
+    from jaxfit.files import check_writable, write_json
 
     if _COMMAND:
         raise JaxfitError("jaxfit calibrate takes no command after --")
@@ -401,7 +403,7 @@ def calibrate_command(json: str | None = None, cache: bool = True) -> int:
 
 def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:
     """Print the summary of a finished (or stopped) schedule; write its --json."""
-    from jaxfit.cli.output import write_json
+    from jaxfit.files import write_json
     from jaxfit.schedule.state import StateStore
     from jaxfit.schedule.flow import status_table
 
@@ -409,7 +411,7 @@ def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:
         write_json(json_path, {"state_dir": str(outcome.state_dir), "exit_code": outcome.exit_code,
                                "experiments": outcome.rows,
                                "timeline": str(outcome.timeline) if outcome.timeline else None})
-    store = StateStore(outcome.state_dir / "state.sqlite")
+    store = StateStore(outcome.state_dir / STATE_FILE)
     try:
         out.print(status_table(store, title=f"schedule {outcome.state_dir}"))
     finally:

@@ -22,6 +22,7 @@ from typing import Any
 from jaxfit import errors
 from jaxfit.errors import WorkerError
 from jaxfit.fit.memory import MemoryReport
+from jaxfit.fit.sources import ScriptSource, Source, to_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,7 @@ class CompileOutcome:
     autotuned: bool = True
 
 
-PROBE_DIR = str(Path(__file__).resolve().parent / "_probe")
+PROBE_DIR = str(Path(__file__).resolve().parents[1] / "_probe")
 DEFAULT_STEP_NAME = "train_step"
 """The train step's name when ``--step-name`` is not given (then a step-like function is found too)."""
 HOOK_VARIABLES = ("JAXFIT_HOOK_OWNER", "JAXFIT_PIN", "JAXFIT_PIN_REPORT", "JAXFIT_PIN_STEP_NAME",
@@ -90,7 +91,7 @@ def child_environment(mem_fraction: float, extra: Mapping[str, str] | None = Non
     return env
 
 
-def launch_for(source: Mapping[str, Any], python: str = sys.executable) -> tuple[list[str], dict[str, str], str | None]:
+def launch_for(source: Source, python: str = sys.executable) -> tuple[list[str], dict[str, str], str | None]:
     """``(argv, extra environment, cwd)`` that start a compile server for ``source``.
 
     A built-in example or ``--entry`` runs in ``python -m jaxfit.fit.worker``. A training script runs
@@ -98,20 +99,20 @@ def launch_for(source: Mapping[str, Any], python: str = sys.executable) -> tuple
     jitted step's first call and serves compiles from inside the script (see
     :mod:`jaxfit._probe.sitecustomize`), so the script's own environment needs no jaxfit.
     """
-    if source.get("kind") != "script":
-        return [python, "-m", "jaxfit.fit.worker"], {"JAXFIT_WORKLOAD_SOURCE": json.dumps(dict(source))}, None
+    if not isinstance(source, ScriptSource):
+        return [python, "-m", "jaxfit.fit.worker"], {"JAXFIT_WORKLOAD_SOURCE": to_json(source)}, None
     extra = {
         "PYTHONPATH": hooked_pythonpath(),
-        "JAXFIT_PROBE_STEP_NAME": source.get("step_name") or DEFAULT_STEP_NAME,
+        "JAXFIT_PROBE_STEP_NAME": source.step_name or DEFAULT_STEP_NAME,
         "WANDB_MODE": "disabled",  # the probe never trains, so it must not create a tracked run
     }
-    if not source.get("step_name"):
+    if not source.step_name:
         extra["JAXFIT_PROBE_STEP_AUTO"] = "1"
-    if source.get("batch_size"):
-        extra["JAXFIT_PROBE_BATCH_SIZE"] = str(source["batch_size"])
-    if source.get("batch_arg") is not None:
-        extra["JAXFIT_PROBE_BATCH_ARG"] = str(source["batch_arg"])
-    return list(source["command"]), extra, source.get("cwd")
+    if source.batch_size:
+        extra["JAXFIT_PROBE_BATCH_SIZE"] = str(source.batch_size)
+    if source.batch_arg is not None:
+        extra["JAXFIT_PROBE_BATCH_ARG"] = str(source.batch_arg)
+    return list(source.command), extra, source.cwd
 
 
 class CompileChild:
@@ -129,14 +130,15 @@ class CompileChild:
 
     def __init__(
         self,
-        source: Mapping[str, Any],
+        source: Source,
         mem_fraction: float,
         *,
         cache_path: str | None = None,
         start_timeout: float = 900.0,
         python: str = sys.executable,
     ) -> None:
-        self.source = dict(source)
+        self.source = source
+        self.probing = isinstance(source, ScriptSource)
         self.mem_fraction = mem_fraction
         self.cache_path = cache_path
         self.start_timeout = start_timeout
@@ -262,13 +264,13 @@ class CompileChild:
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     self.close()
-                    hint = "; pass --step-name with the name of your jitted train step" if self.source.get("kind") == "script" else ""
+                    hint = "; pass --step-name with the name of your jitted train step" if self.probing else ""
                     raise WorkerError(f"timed out after {timeout:.0f} s waiting to {doing}{self._seen_note()}{hint}") from None
                 continue
             if reply is None:
                 code = self._proc.wait() if self._proc else None
                 tail = self.log_tail()
-                who = "the script" if self.source.get("kind") == "script" else "the compile child"
+                who = "the script" if self.probing else "the compile child"
                 raise WorkerError(
                     f"{who} exited (code {code}) while trying to {doing}{self._seen_note()}"
                     + (f"; its last output:\n{tail}" if tail else "")
@@ -289,7 +291,7 @@ class CompileChild:
     def _seen_note(self) -> str:
         """What the probed script jitted and called: the functions it called first (with how often),
         then those it only jitted."""
-        if self.source.get("kind") != "script":
+        if not self.probing:
             return ""
         if not self.jitted_names:
             return " (it jitted no function before that)"
@@ -305,8 +307,8 @@ class CompileChild:
         return f" ({'; '.join(parts)})"
 
     def _start_doing(self) -> str:
-        if self.source.get("kind") == "script":
-            name = self.source.get("step_name")
+        if isinstance(self.source, ScriptSource):
+            name = self.source.step_name
             if name:
                 return f"reach the first call of the jitted function {name!r} in the script"
             return "reach the first call of the script's train step (train_step, or a jitted function that looks like one)"

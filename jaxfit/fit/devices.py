@@ -2,28 +2,48 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
 import subprocess
 
-from jaxfit.schedule import packing
+
+@dataclasses.dataclass(frozen=True)
+class GPU:
+    """One GPU (to fit for, or to pack runs onto).
+
+    Attributes:
+      index: The device index (as in ``CUDA_VISIBLE_DEVICES``).
+      total_bytes: The device's total memory as CUDA reports it (the base of every fraction).
+    """
+
+    index: int
+    total_bytes: int
 
 
-def detect_gpus() -> list[packing.GPU]:
+def gpu_table(query: str, *, units: bool = True) -> str | None:
+    """``nvidia-smi --query-gpu=QUERY`` as CSV lines (without header; without units unless
+    ``units``), or None when there is no nvidia-smi or it fails. All GPUs, visible or not."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        return subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader" + ("" if units else ",nounits")],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def detect_gpus() -> list[GPU]:
     """The visible GPUs as ``nvidia-smi`` reports them (index: position among the visible ones).
 
     Respects ``CUDA_VISIBLE_DEVICES`` (numeric indices or UUID prefixes; empty or ``-1``: none).
     Without ``nvidia-smi``, or when it fails: none.
     """
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+    out = gpu_table("index,uuid,memory.total", units=False)
+    if out is None:
         return []
     physical: list[tuple[str, str, int]] = []
     for line in out.splitlines():
@@ -46,7 +66,7 @@ def detect_gpus() -> list[packing.GPU]:
             if not match:
                 break
             chosen.append(match[0])
-    return [packing.GPU(index=i, total_bytes=total) for i, (_, _, total) in enumerate(chosen)]
+    return [GPU(index=i, total_bytes=total) for i, (_, _, total) in enumerate(chosen)]
 
 
 def visible_entry(position: int) -> str:

@@ -198,7 +198,7 @@ def _describe(reply: Mapping[str, Any], folder: Path, *, child: CompileChild, ba
         "platform": info.platform, "device_kind": info.device_kind, "device_count": info.device_count,
         "workload": child.workload_info.get("name"), "question_key": key, "created_at": time.time(),
     }
-    from jaxfit.cli.output import write_json
+    from jaxfit.files import write_json
 
     try:
         write_json(folder / PIN_FILE, data)
@@ -228,7 +228,7 @@ def rehome(pin: Pin | None, key: str | None) -> Pin | None:
         moved = dataclasses.replace(pin, path=str(target / PIN_FILE))
         data = json.loads((target / PIN_FILE).read_text())
         data["summary"] = moved.to_dict()
-        from jaxfit.cli.output import write_json
+        from jaxfit.files import write_json
 
         write_json(target / PIN_FILE, data)
     except OSError:
@@ -255,7 +255,7 @@ def copy_to(pin: Pin, folder: Path) -> Pin:
     copied = dataclasses.replace(pin, path=str(folder / PIN_FILE))
     data = json.loads((folder / PIN_FILE).read_text())
     data["summary"] = copied.to_dict()
-    from jaxfit.cli.output import write_json
+    from jaxfit.files import write_json
 
     write_json(folder / PIN_FILE, data)
     return copied

@@ -1,54 +1,211 @@
-"""Where a workload comes from: a built-in example or a user's ``module:function`` factory.
+"""Where a workload comes from: a built-in example, a user's ``module:function`` factory, or a
+training script whose jitted step is probed.
 
-A *source* is a small JSON-able dict, so the parent can describe the workload to the compile child
-(which builds it after JAX has initialised under the target fraction):
-
-- ``{"kind": "example", "name": "gpt-tiny", "overrides": {"n_layers": "2"}}``
-- ``{"kind": "entry", "entry": "my_pkg.fit:make_workload", "path": "/dir/added/to/sys.path"}``
-- ``{"kind": "script", "command": [...], "step_name": "train_step", "batch_size": 32, ...}``: the
-  training script itself, probed (see :mod:`jaxfit._probe.sitecustomize`).
+A source is a small frozen dataclass that travels as JSON to the compile child (which builds the
+workload after JAX has initialised under the target fraction): :class:`ExampleSource`,
+:class:`EntrySource` or :class:`ScriptSource`, together :data:`Source`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from jaxfit.errors import ConfigError, WorkloadError
 from jaxfit.fit.workload import Workload
 
+DEFAULT_BATCH_FLAG = "--batch-size"
+DEFAULT_ACCUM_FLAG = "--grad-accum-steps"
 
-def example_source(name: str, overrides: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The source of a built-in example (validated now, so bad names fail before any child starts)."""
+
+@dataclasses.dataclass(frozen=True)
+class ExampleSource:
+    """A built-in example (``configs/*.yaml``), with config overrides (``--set KEY=VALUE``)."""
+
+    name: str
+    overrides: tuple[tuple[str, str], ...] = ()
+    kind: ClassVar[Literal["example"]] = "example"
+
+    def identity(self) -> dict[str, Any]:
+        """The example's config and the hash of jaxfit's example code (the answer cache's key)."""
+        from jaxfit.examples import load_config
+
+        code = hashlib.sha256()
+        for file in sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py")):
+            code.update(file.read_bytes())
+        config = load_config(self.name, dict(self.overrides))
+        return {"kind": self.kind, "config": repr(config), "code": code.hexdigest()}
+
+    def build(self) -> Workload:
+        from jaxfit.examples import build_workload
+
+        return build_workload(self.name, dict(self.overrides))
+
+
+@dataclasses.dataclass(frozen=True)
+class EntrySource:
+    """A user factory ``package.module:function`` that returns a :class:`Workload`, imported from
+    ``path`` (the working folder)."""
+
+    entry: str
+    path: str
+    kind: ClassVar[Literal["entry"]] = "entry"
+
+    def identity(self) -> dict[str, Any] | None:
+        """The hash of the entry's module file, or None when it cannot be found.
+
+        Code the entry imports from elsewhere is not covered: use ``--no-cache`` after changing it
+        (the per-compile cache, keyed by the lowered program, still protects every compile).
+        """
+        module_name = self.entry.partition(":")[0]
+        added = bool(self.path) and self.path not in sys.path
+        if added:
+            sys.path.insert(0, self.path)
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except Exception:
+            spec = None
+        finally:
+            if added:
+                sys.path.remove(self.path)
+        if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+            return None
+        digest = hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
+        return {"kind": self.kind, "entry": self.entry, "file": spec.origin, "code": digest}
+
+    def build(self) -> Workload:
+        module_name, _, func_name = self.entry.partition(":")
+        if self.path and self.path not in sys.path:
+            sys.path.insert(0, self.path)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:
+            raise WorkloadError(
+                f"--entry {self.entry}: cannot import {module_name!r} ({type(e).__name__}: {e}); "
+                "check the module path and that it imports from the current directory"
+            ) from None
+        factory = getattr(module, func_name, None)
+        if not callable(factory):
+            raise WorkloadError(f"--entry {self.entry}: {module_name!r} has no function {func_name!r}")
+        try:
+            workload = factory()
+        except Exception as e:
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise WorkloadError(f"--entry {self.entry}: the factory raised {type(e).__name__}: {first}") from None
+        if not isinstance(workload, Workload):
+            raise WorkloadError(
+                f"--entry {self.entry}: the factory returned {type(workload).__name__}, not a jaxfit.Workload; "
+                "return jaxfit.Workload(...) or jaxfit.from_state(...)"
+            )
+        return workload
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptSource:
+    """An unmodified training script, run up to its first call of the jitted step.
+
+    Attributes:
+      command: The command the probe runs: :attr:`run_command` and the probe-only arguments.
+      run_command: The command that trains, as the user gave it.
+      step_name: The jitted train step's name (``None``: ``train_step``, or one found).
+      batch_flag: The script's batch flag.
+      accum_flag: The script's gradient-accumulation flag.
+      batch_size: The batch the command line gives (identifies the batch among the step's
+        arguments), or None.
+      batch_arg: Which positional argument of the step is the batch (None: found by shape).
+      cwd: The folder the command runs in.
+    """
+
+    command: tuple[str, ...]
+    run_command: tuple[str, ...]
+    step_name: str | None = None
+    batch_flag: str = DEFAULT_BATCH_FLAG
+    accum_flag: str = DEFAULT_ACCUM_FLAG
+    batch_size: int | None = None
+    batch_arg: int | None = None
+    cwd: str = "."
+    kind: ClassVar[Literal["script"]] = "script"
+
+    def identity(self) -> None:
+        """None: a script's program cannot be known without running it, so its answers are not cached."""
+        return None
+
+    def with_command(self, run_command: list[str] | tuple[str, ...], batch_size: int | None) -> ScriptSource:
+        """The same source with another training command (the probe-only arguments kept)."""
+        extra = self.command[len(self.run_command):]
+        return dataclasses.replace(self, command=tuple(run_command) + extra, run_command=tuple(run_command),
+                                   batch_size=batch_size)
+
+
+Source = ExampleSource | EntrySource | ScriptSource
+"""Any workload source."""
+
+_KINDS: dict[str, type[ExampleSource] | type[EntrySource] | type[ScriptSource]] = {
+    "example": ExampleSource, "entry": EntrySource, "script": ScriptSource}
+
+
+def to_json(source: Source) -> str:
+    """The source as JSON (``kind`` and its fields), as the compile child receives it."""
+    return json.dumps({"kind": source.kind, **dataclasses.asdict(source)})
+
+
+def from_json(text: str) -> Source:
+    """Inverse of :func:`to_json`.
+
+    Raises:
+      ConfigError: not a source.
+    """
+    data = json.loads(text)
+    cls = _KINDS.get(data.pop("kind", None))
+    if cls is None:
+        raise ConfigError(f"not a workload source: {text[:200]}")
+    fields = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+    for name in ("overrides", "command", "run_command"):
+        if name in fields:
+            fields[name] = tuple(tuple(x) if isinstance(x, list) else x for x in fields[name])
+    return cls(**fields)
+
+
+def example_source(name: str, overrides: dict[str, str] | None = None) -> ExampleSource:
+    """The source of a built-in example (validated now, so bad names fail before any child starts).
+
+    Raises:
+      ConfigError: an unknown example or config key (one line).
+    """
     from jaxfit.examples import load_config
 
-    load_config(name, overrides)  # raises ConfigError with a one-line message
-    return {"kind": "example", "name": name, "overrides": dict(overrides or {})}
+    load_config(name, overrides)
+    return ExampleSource(name, tuple((overrides or {}).items()))
 
 
-def entry_source(entry: str, path: str | None = None) -> dict[str, Any]:
-    """The source of a user factory ``package.module:function`` that returns a :class:`Workload`."""
+def entry_source(entry: str, path: str | None = None) -> EntrySource:
+    """The source of a user factory ``package.module:function`` that returns a :class:`Workload`.
+
+    Raises:
+      ConfigError: ``entry`` does not look like ``package.module:function``.
+    """
     module, sep, func = entry.partition(":")
     if not sep or not module or not func.isidentifier():
         raise ConfigError(f"--entry {entry!r} must look like package.module:function")
-    return {"kind": "entry", "entry": entry, "path": path or os.getcwd()}
+    return EntrySource(entry, path or os.getcwd())
 
 
 def script_source(
-    command: list[str],
+    command: list[str] | tuple[str, ...],
     step_name: str | None = None,
-    batch_flag: str = "--batch-size",
+    batch_flag: str = DEFAULT_BATCH_FLAG,
     batch_arg: int | None = None,
-    probe_args: list[str] | None = None,
-    accum_flag: str = "--grad-accum-steps",
-) -> dict[str, Any]:
-    """The source of an unmodified training script, whose jitted ``step_name`` is intercepted.
+    probe_args: list[str] | tuple[str, ...] | None = None,
+    accum_flag: str = DEFAULT_ACCUM_FLAG,
+) -> ScriptSource:
+    """The source of an unmodified training script, whose jitted train step is intercepted.
 
     Args:
       command: The command that starts training, e.g. ``["uv", "run", "scripts/train.py", "debug",
@@ -59,10 +216,12 @@ def script_source(
       batch_flag: The script's batch-size flag; its value in ``command`` (if any) identifies the
         batch among the step's arguments.
       batch_arg: Which positional argument of the step is the batch (default: found by shape).
-      accum_flag: The script's gradient-accumulation flag (``--global-batch`` sets it).
       probe_args: Arguments added to the command for the probe only, e.g.
-        ``["--checkpoint-base-dir=/tmp/probe"]`` so that the probe's start-up (which may create the
-        run's checkpoint folder, as openpi's does) leaves nothing where the real run will look.
+        ``["--checkpoint-base-dir=/tmp/probe"]``.
+      accum_flag: The script's gradient-accumulation flag (``--global-batch`` sets it).
+
+    Raises:
+      ConfigError: no command, a program that is not found, a bad step name or flag.
     """
     from jaxfit.run.command import batch_value, check_command
 
@@ -71,89 +230,21 @@ def script_source(
     for name, flag in (("--batch-flag", batch_flag), ("--accum-flag", accum_flag)):
         if not flag.startswith("-") or "=" in flag or " " in flag:
             raise ConfigError(f"{name} {flag!r} must be a flag name, e.g. {name}=--{flag.lstrip('-') or 'bs'}")
-    run_command = check_command(command)
-    return {"kind": "script", "command": run_command + list(probe_args or []), "run_command": run_command,
-            "step_name": step_name,
-            "batch_flag": batch_flag, "accum_flag": accum_flag, "batch_size": batch_value(command, batch_flag),
-            "batch_arg": batch_arg, "cwd": os.getcwd()}
+    run_command = tuple(check_command(command))
+    return ScriptSource(
+        command=run_command + tuple(probe_args or ()), run_command=run_command, step_name=step_name,
+        batch_flag=batch_flag, accum_flag=accum_flag, batch_size=batch_value(command, batch_flag),
+        batch_arg=batch_arg, cwd=os.getcwd(),
+    )
 
 
-def build_workload(source: Mapping[str, Any]) -> Workload:
+def build_workload(source: Source) -> Workload:
     """Build the workload a source describes (in the compile child, after JAX initialised).
 
     Raises:
-      ConfigError: an unknown example or config key.
+      ConfigError: an unknown example or config key, or a script source (probed, not built).
       WorkloadError: an entry that does not import, fails, or returns something else.
     """
-    kind = source.get("kind")
-    if kind == "example":
-        from jaxfit.examples import build_workload as build_example
-
-        return build_example(source["name"], source.get("overrides") or {})
-    if kind == "entry":
-        return _build_entry(source["entry"], source.get("path"))
-    raise ConfigError(f"unknown workload source kind {kind!r}")
-
-
-def _build_entry(entry: str, path: str | None) -> Workload:
-    module_name, _, func_name = entry.partition(":")
-    if path and path not in sys.path:
-        sys.path.insert(0, path)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        raise WorkloadError(
-            f"--entry {entry}: cannot import {module_name!r} ({type(e).__name__}: {e}); "
-            "check the module path and that it imports from the current directory"
-        ) from None
-    factory = getattr(module, func_name, None)
-    if not callable(factory):
-        raise WorkloadError(f"--entry {entry}: {module_name!r} has no function {func_name!r}")
-    try:
-        workload = factory()
-    except Exception as e:
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise WorkloadError(f"--entry {entry}: the factory raised {type(e).__name__}: {first}") from None
-    if not isinstance(workload, Workload):
-        raise WorkloadError(
-            f"--entry {entry}: the factory returned {type(workload).__name__}, not a jaxfit.Workload; "
-            "return jaxfit.Workload(...) or jaxfit.fit.workload.from_state(...)"
-        )
-    return workload
-
-
-def source_identity(source: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What identifies a source's program for the answer cache, or ``None`` if it cannot be known.
-
-    Examples are identified by their config and the hash of jaxfit's example code; entries by the
-    hash of their module's file. Code the entry imports from elsewhere is not covered: use
-    ``--no-cache`` after changing it (the per-compile cache, keyed by the lowered program, still
-    protects every compile).
-    """
-    kind = source.get("kind")
-    if kind == "example":
-        from jaxfit.examples import load_config
-
-        code = hashlib.sha256()
-        for file in sorted((Path(__file__).parent / "examples").glob("*.py")):
-            code.update(file.read_bytes())
-        config = load_config(source["name"], source.get("overrides") or {})
-        return {"kind": kind, "config": repr(config), "code": code.hexdigest()}
-    if kind == "entry":
-        module_name = source["entry"].partition(":")[0]
-        path = source.get("path")
-        added = bool(path) and path not in sys.path
-        if added:
-            sys.path.insert(0, path)
-        try:
-            spec = importlib.util.find_spec(module_name)
-        except Exception:
-            spec = None
-        finally:
-            if added:
-                sys.path.remove(path)
-        if spec is None or not spec.origin or not os.path.isfile(spec.origin):
-            return None
-        digest = hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
-        return {"kind": kind, "entry": source["entry"], "file": spec.origin, "code": digest}
-    return None
+    if isinstance(source, ScriptSource):
+        raise ConfigError("a training script is probed in its own process, not built here")
+    return source.build()

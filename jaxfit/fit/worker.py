@@ -22,9 +22,9 @@ SOURCE_ENV = "JAXFIT_WORKLOAD_SOURCE"
 def main() -> int:
     requests, replies = server_mod.open_channels()
     try:
-        from jaxfit.fit.sources import build_workload
+        from jaxfit.fit.sources import build_workload, from_json
 
-        workload = build_workload(json.loads(os.environ[SOURCE_ENV]))
+        workload = build_workload(from_json(os.environ[SOURCE_ENV]))
         description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))
         server = server_mod.Server(
             workload.lower, replies, {"name": workload.name, "description": description},

@@ -15,11 +15,13 @@ from typing import Any
 
 from jaxfit.run.command import batch_value, with_batch
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
-from jaxfit.fit.engine import FitOptions, FitResult, Progress, fit_batch, fit_fraction
+from jaxfit.fit.sources import DEFAULT_ACCUM_FLAG, DEFAULT_BATCH_FLAG, ScriptSource
+from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
+from jaxfit.fit.common import Progress
 
-BATCH_FLAG = "--batch-size"
+BATCH_FLAG = DEFAULT_BATCH_FLAG
 """The batch flag: samples per optimizer step (the global batch)."""
-ACCUM_FLAG = "--grad-accum-steps"
+ACCUM_FLAG = DEFAULT_ACCUM_FLAG
 """The accumulation flag: how many micro-batches one step's batch is split into (as scripts/train.py)."""
 MAX_TRIES = 4
 """Accumulation choices compiled, fewest steps first, before giving up."""
@@ -56,7 +58,7 @@ def accumulated_command(command: Sequence[str], global_batch: int, steps: int, b
     return with_batch(list(with_steps(command, global_batch, steps, batch_flag, accum_flag)), accum_flag, steps)
 
 
-def fit_accumulated(source: Mapping[str, Any], global_batch: int, options: FitOptions, *,
+def fit_accumulated(source: ScriptSource, global_batch: int, options: FitOptions, *,
                     fraction: float | None, micro_limit: int, progress: Progress | None = None,
                     label: str = "", hint: str = "raise the fraction") -> tuple[int, FitResult]:
     """The fewest accumulation steps under which ``global_batch`` compiles and fits.
@@ -83,9 +85,8 @@ def fit_accumulated(source: Mapping[str, Any], global_batch: int, options: FitOp
     tried: list[str] = []
     for steps in accumulation_choices(global_batch, micro_limit)[:MAX_TRIES]:
         tried.append(f"{steps} x {global_batch // steps}")
-        command = accumulated_command(source["command"], global_batch, steps, source["batch_flag"],
-                                      source.get("accum_flag") or ACCUM_FLAG)
-        accumulated = dict(source, command=command, batch_size=global_batch)
+        command = accumulated_command(source.run_command, global_batch, steps, source.batch_flag, source.accum_flag)
+        accumulated = source.with_command(command, global_batch)
         if progress is not None:
             progress("note", {"text": f"{label}global batch {global_batch} as {steps} x {global_batch // steps}"})
         if fraction is None:

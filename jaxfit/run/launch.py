@@ -19,9 +19,12 @@ from jaxfit.run.command import batch_value, with_batch
 from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
 from jaxfit.fit.devices import visible_device_count
 from jaxfit.errors import ConfigError
-from jaxfit.fit.engine import FitOptions, FitResult, Progress, fit_batch, fit_fraction, jaxfit_version
+from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
+from jaxfit.fit.common import Progress
+from jaxfit.versions import jaxfit_version
 from jaxfit.fit.pin import Pin, hook_environment, read_report
-from jaxfit.cli.output import write_json
+from jaxfit.fit.sources import ScriptSource
+from jaxfit.files import write_json
 from jaxfit.run.tracking import resolve_mode
 
 
@@ -131,7 +134,7 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
         raise ConfigError(f"the command's --help does not mention {flag}; {fix}")
 
 
-def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int | None = None,
+def plan_run(source: ScriptSource, options: FitOptions, *, batch_size: int | None = None,
              fraction_given: bool = True, global_batch: int | None = None,
              progress: Progress | None = None) -> RunPlan:
     """Decide the fraction and batch of a training command (fitting what was not given).
@@ -151,8 +154,8 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
     Raises:
       ConfigError: a batch that does not divide by the device count, and every fit error.
     """
-    command = list(source.get("run_command") or source["command"])
-    check_batch_flag(command, source["batch_flag"])
+    command = list(source.run_command)
+    check_batch_flag(command, source.batch_flag)
     if global_batch is not None:
         return _plan_accumulated(source, options, command, global_batch, batch_size, fraction_given, progress)
     fit: FitResult | None = None
@@ -166,8 +169,8 @@ def plan_run(source: Mapping[str, Any], options: FitOptions, *, batch_size: int 
         else:
             fit = fit_fraction(source, batch_size, options, progress=progress)
             batch, fraction = batch_size, fit.mem_fraction
-    final = with_batch(command, source["batch_flag"], batch)
-    settings = run_settings(fit, fraction, batch, final, source.get("accum_flag") or ACCUM_FLAG)
+    final = with_batch(command, source.batch_flag, batch)
+    settings = run_settings(fit, fraction, batch, final, source.accum_flag)
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
     return RunPlan(final, env, fraction, batch, settings, fit)
 
@@ -180,13 +183,13 @@ def _check_device_multiple(flag: str, value: int) -> None:
                           f"use a multiple of {devices}")
 
 
-def _plan_accumulated(source: Mapping[str, Any], options: FitOptions, command: list[str], global_batch: int,
+def _plan_accumulated(source: ScriptSource, options: FitOptions, command: list[str], global_batch: int,
                       batch_size: int | None, fraction_given: bool, progress: Progress | None) -> RunPlan:
     """:func:`plan_run` with ``--global-batch``: the batch flag at the global batch, accumulated."""
     if global_batch < 1:
         raise ConfigError(f"--global-batch {global_batch} must be at least 1 (samples per optimizer step)")
     _check_device_multiple("--global-batch", global_batch)
-    accum_flag = source.get("accum_flag") or ACCUM_FLAG
+    accum_flag = source.accum_flag
     if batch_size is not None and (batch_size < 1 or global_batch % batch_size):
         raise ConfigError(f"--global-batch {global_batch} is not a multiple of --batch-size {batch_size}; make it "
                           "one, so that every optimizer step sees the same number of samples")
@@ -206,7 +209,7 @@ def _plan_accumulated(source: Mapping[str, Any], options: FitOptions, command: l
         micro = fit_batch(source, options, progress=progress)
         steps, fit = fit_accumulated(source, global_batch, options, fraction=fraction,
                                      micro_limit=micro.batch_size, progress=progress, hint=hint)
-    final = accumulated_command(command, global_batch, steps, source["batch_flag"], accum_flag)
+    final = accumulated_command(command, global_batch, steps, source.batch_flag, accum_flag)
     settings = run_settings(fit, fraction, global_batch, final, accum_flag)
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
     return RunPlan(final, env, fraction, global_batch, settings, fit)

@@ -6,7 +6,7 @@ import netrc
 import os
 from typing import Any
 
-from jaxfit.fit.engine import FitResult
+from jaxfit.fit.results import FitResult
 
 CANDIDATE_COLUMNS = ["batch_size", "mem_fraction", "limit_bytes", "argument_bytes", "temp_bytes", "output_bytes",
                      "alias_bytes", "peak_bytes", "fits", "autotuned", "cached", "compile_seconds"]

@@ -23,7 +23,8 @@ from jaxfit.fit.cache import AnswerCache, default_cache_path, usable_cache
 from jaxfit.fit.compiler import CompileChild
 from jaxfit.fit.devices import detect_gpus
 from jaxfit.errors import ConfigError
-from jaxfit.fit.engine import _jax_version, device_identity
+from jaxfit.fit.answers import device_identity
+from jaxfit.versions import jax_version as _jax_version
 from jaxfit.fit.sources import example_source
 
 CALIBRATION_FRACTION = 1.0

@@ -1,7 +1,7 @@
 """``jaxfit schedule`` without ``--dry-run``: plan, store, run, monitor, report (the flow the CLI calls).
 
 - :func:`start_schedule` plans the queue (:func:`jaxfit.schedule.planner.plan_queue`), writes the state
-  (:func:`jaxfit.schedule.scheduler.create_state`) and runs it;
+  (:func:`jaxfit.schedule.folder.create_state`) and runs it;
 - :func:`resume_schedule` opens a stored schedule, adopts what still runs, and runs the rest;
 - both run the memory monitor (:mod:`jaxfit.schedule.monitor`) beside the scheduler, show a live table on a
   terminal (event lines otherwise), and end with a summary table, ``--json`` and a timeline PNG.
@@ -23,10 +23,10 @@ from jaxfit.schedule import packing
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.devices import detect_gpus, visible_entry
 from jaxfit.errors import ConfigError
-from jaxfit.schedule.scheduler import (
-    ExecuteOptions, ScheduleLock, Scheduler, create_state, ensure_no_schedule, open_state, pin_status, result_rows,
-)
-from jaxfit.fit.engine import FitOptions, Progress
+from jaxfit.schedule.folder import ScheduleLock, create_state, ensure_no_schedule, open_state
+from jaxfit.schedule.scheduler import ExecuteOptions, Scheduler, pin_status, result_rows
+from jaxfit.fit.common import Progress
+from jaxfit.fit.options import FitOptions
 from jaxfit.schedule.backends.local import Launcher, LocalLauncher
 from jaxfit.schedule.queue_file import Queue
 from jaxfit.schedule.state import StateStore
@@ -99,8 +99,8 @@ def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Cons
     from jaxfit.schedule.monitor import Monitor
 
     physical: dict[int, int | None] = {}
-    for g in store.meta("plan")["gpus"]:
-        physical[g["index"]] = None if scheduler.logical else _physical_index(g["index"])
+    for g in scheduler.plan.gpus:
+        physical[g.index] = None if scheduler.logical else _physical_index(g.index)
     monitor = Monitor(store, physical, scheduler.owners, interval=monitor_interval) if monitor_interval > 0 else None
     if monitor is not None:
         monitor.start()
@@ -136,7 +136,7 @@ def draw(store: StateStore, path: Path, title: str = "") -> Path:
     """Draw a stored schedule's timeline PNG (one lane per GPU: planned needs, measured memory)."""
     from jaxfit.schedule.timeline import draw_timeline
 
-    gpus = [(g["index"], g["total_bytes"], g["capacity_bytes"]) for g in store.meta("plan")["gpus"]]
+    gpus = [(g.index, g.total_bytes, g.capacity_bytes) for g in packing.Plan.from_dict(store.meta("plan")).gpus]
     return draw_timeline(path, store.experiments(), store.attempts(), store.samples(), gpus,
                          title=title or f"jaxfit schedule {Path(store.meta('queue')['source']).stem}")
 
@@ -278,7 +278,7 @@ def resume_schedule(state_dir: Path, *, console: Console, execute_options: Execu
             backend = store.meta("backend", "local")
             logical = bool(store.meta("logical", False))
             launcher = make_launcher(backend, ray_address,
-                                     logical_gpus=len(store.meta("plan")["gpus"]) if logical else None)
+                                     logical_gpus=len(packing.Plan.from_dict(store.meta("plan")).gpus) if logical else None)
             options = dataclasses.replace(execute_options, wandb_group=execute_options.wandb_group
                                           or store.meta("wandb_group"))
             scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet), env=env)

@@ -51,18 +51,7 @@ from typing import Any
 from jaxfit.fit.budget import fraction_for_bytes, format_bytes
 from jaxfit.errors import ConfigError
 
-
-@dataclasses.dataclass(frozen=True)
-class GPU:
-    """One GPU to pack onto.
-
-    Attributes:
-      index: The device index (as in ``CUDA_VISIBLE_DEVICES``).
-      total_bytes: The device's total memory as CUDA reports it (the base of every fraction).
-    """
-
-    index: int
-    total_bytes: int
+from jaxfit.fit.devices import GPU  # noqa: F401 - part of this module's interface
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +237,18 @@ class Plan:
             "placements": [p.to_dict() for p in self.placements],
             "gpus": [g.to_dict() for g in self.gpus],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """Inverse of :meth:`to_dict` (a stored plan read back).
+
+        Raises:
+          KeyError, TypeError, ValueError: not such data.
+        """
+        placements = tuple(Placement(**{**p, "after": tuple(p["after"])}) for p in data["placements"])
+        gpus = tuple(GpuPlan(**{k: v for k, v in g.items() if k != "free_bytes"} | {"runs": tuple(g["runs"])})
+                     for g in data["gpus"])
+        return cls(placements, gpus, int(data["reserve_bytes"]), int(data["overhead_bytes"]))
 
     def rows(self) -> list[tuple[str, ...]]:
         """One row of strings per run, in start order, under :data:`ROW_HEADERS`."""

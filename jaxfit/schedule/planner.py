@@ -5,10 +5,10 @@ This module plans only (``jaxfit schedule QUEUE.yaml --dry-run``); it starts no 
 What each experiment gets, on a GPU of ``total`` bytes
 -------------------------------------------------------
 - ``batch: B`` and ``fraction: F``: nothing is fitted; the run needs its pool ``F x total``.
-- ``batch: B``, ``fraction: auto``: :func:`jaxfit.fit.engine.fit_fraction` finds the smallest fraction
+- ``batch: B``, ``fraction: auto``: :func:`jaxfit.fit_fraction` finds the smallest fraction
   (to 0.01) under which ``B`` compiles to a peak that fits; the run needs that fraction (and the
   packer checks the pool holds the peak).
-- ``batch: auto``, ``fraction: F``: :func:`jaxfit.fit.engine.fit_batch` finds the largest batch under ``F``.
+- ``batch: auto``, ``fraction: F``: :func:`jaxfit.fit_batch` finds the largest batch under ``F``.
 - both ``auto``: an *equal share*. With ``n = ceil(experiments / GPUs)`` runs per GPU, each gets
   ``f = floor_to_0.01((capacity - n x overhead) / n / total)``, where ``capacity = total - reserve``,
   and the largest batch under ``f`` is fitted. So if every run of the queue were ``auto`` they
@@ -50,7 +50,8 @@ from jaxfit.run.accumulation import BATCH_FLAG, fit_accumulated, with_steps
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.devices import detect_gpus
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
-from jaxfit.fit.engine import FitOptions, Progress, fit_batch, fit_fraction
+from jaxfit.fit import FitOptions, fit_batch, fit_fraction
+from jaxfit.fit.common import Progress
 from jaxfit.schedule.queue_file import Experiment, Queue
 from jaxfit.fit.sources import script_source
 
@@ -346,11 +347,8 @@ def load_plan(path: str, queue: Queue) -> tuple[list[ScheduledRun], packing.Plan
         with open(path) as f:
             data = json.load(f)
         runs = [ScheduledRun(**{**r, "command": tuple(r["command"])}) for r in data["runs"]]
-        raw = data["plan"]
-        placements = tuple(packing.Placement(**{**p, "after": tuple(p["after"])}) for p in raw["placements"])
-        gpus = tuple(packing.GpuPlan(**{k: v for k, v in g.items() if k != "free_bytes"} | {"runs": tuple(g["runs"])})
-                     for g in raw["gpus"])
-        plan = packing.Plan(placements, gpus, int(raw["reserve_bytes"]), int(raw["overhead_bytes"]))
+        plan = packing.Plan.from_dict(data["plan"])
+        placements = plan.placements
     except OSError as e:
         raise ConfigError(f"cannot read plan file {path!r}: {e.strerror}") from None
     except (ValueError, KeyError, TypeError) as e:

@@ -53,8 +53,8 @@ from jaxfit.schedule.backends.local import LOST, Handle, LaunchSpec, Launcher, r
 from jaxfit.fit.pin import Pin, hook_environment, read_report
 from jaxfit.fit.pin import copy_to as copy_pin
 from jaxfit.schedule.queue_file import Queue
-from jaxfit.cli.output import write_json
-from jaxfit.schedule.state import Attempt, ExperimentRecord, StateStore
+from jaxfit.files import write_json
+from jaxfit.schedule.state import Attempt, ExperimentRecord, RunState, StateStore
 from jaxfit.run.accumulation import next_accumulation, with_steps
 from jaxfit.schedule.planner import ScheduledRun
 from jaxfit.run.tracking import resolve_mode
@@ -63,9 +63,6 @@ LOG_OOM_MARKERS = ("OutOfMemoryError", GUARD_MARKER)
 """Text in a failed attempt's log that means it ran out of memory, beyond XLA's own markers
 (:func:`jaxfit._probe.jaxfit_compile_server.is_out_of_memory`, docs/facts.md #8): also jaxfit's
 guard, which stops a run whose own program does not fit before its first step."""
-
-STATE_FILE = "state.sqlite"
-"""The state file inside a schedule's state folder."""
 
 Report = Callable[[str, str | None, str], None]
 """``report(kind, experiment, text)``: one line for people per decision."""
@@ -88,188 +85,6 @@ class ExecuteOptions:
     monitor_interval: float = 2.0
     wandb_group: str | None = None
     cwd: str | None = None
-
-
-def default_state_dir(queue_path: str | Path) -> Path:
-    """``jaxfit-runs/<queue file stem>`` in the current directory: where a queue's schedule lives."""
-    return Path("jaxfit-runs") / Path(queue_path).stem
-
-
-def state_summary(store: StateStore) -> str:
-    """``"3 done, 1 failed, 2 pending"``: how far a stored schedule got."""
-    counts: dict[str, int] = {}
-    for record in store.experiments():
-        counts[record.state] = counts.get(record.state, 0) + 1
-    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-
-
-def ensure_no_schedule(state_dir: Path, *, archive: bool = False) -> Path | None:
-    """Make sure a new schedule may start in ``state_dir``.
-
-    A folder holding an unfinished schedule is refused (nothing in it is touched). One whose runs
-    are all final (done, failed, timeout) is kept: with ``archive`` it is renamed to
-    ``<name>-<its start time>`` beside it, and that path is returned.
-
-    Raises:
-      ConfigError: an unfinished schedule is there (resume it, or choose another folder).
-    """
-    path = state_dir / STATE_FILE
-    if not path.exists():
-        return None
-    store = StateStore(path)
-    try:
-        summary = state_summary(store)
-        finished = all(r.final for r in store.experiments())
-        created = store.meta("created_at", None) or path.stat().st_mtime
-    finally:
-        store.close()
-    if not finished:
-        holder = ScheduleLock(state_dir).holder()
-        if holder is not None:
-            raise ConfigError(f"{state_dir} is being run by jaxfit right now (pid {holder}; {summary}); wait for it, "
-                              "or stop it (Ctrl-C / kill) and then pass --resume")
-        raise ConfigError(
-            f"{state_dir} holds an unfinished schedule ({summary}); pass --resume to continue it, or "
-            "--state-dir DIR to start a new one elsewhere"
-        )
-    if not archive:
-        return None
-    target = state_dir.with_name(f"{state_dir.name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(created))}")
-    n = 1
-    while target.exists():
-        n += 1
-        target = target.with_name(f"{target.name.split('.')[0]}.{n}")
-    state_dir.rename(target)
-    return target
-
-
-def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], plan: packing.Plan, *,
-                 logical: bool, backend: str, wandb_group: str | None) -> StateStore:
-    """Write a new schedule's state: the plan, one ``pending`` row per experiment, a ``planned`` event.
-
-    Raises:
-      ConfigError: the folder holds an unfinished schedule (resume it, or choose another folder).
-    """
-    ensure_no_schedule(state_dir)
-    store = StateStore(state_dir / STATE_FILE)
-    by_name = {run.name: run for run in runs}
-    records = []
-    for placement in plan.placements:
-        run, experiment = by_name[placement.name], queue.experiment(placement.name)
-        records.append(ExperimentRecord(
-            name=run.name, position=placement.start, gpu=placement.gpu, mem_fraction=placement.mem_fraction,
-            batch_size=run.batch_size, grad_accum_steps=run.grad_accum_steps,
-            need_bytes=placement.need_bytes, command=run.command,
-            env=tuple(sorted(experiment.env)), retries=experiment.retries, timeout=experiment.timeout,
-            pin_path=_keep_pin(run, state_dir),
-        ))
-    store.add_experiments(records)
-    store.set_meta("queue", queue.to_dict())
-    store.set_meta("runs", [run.to_dict() for run in runs])
-    store.set_meta("plan", plan.to_dict())
-    store.set_meta("logical", logical)
-    store.set_meta("backend", backend)
-    store.set_meta("wandb_group", wandb_group)
-    store.set_meta("created_at", time.time())
-    store.event("planned", f"{len(records)} runs on {len(plan.gpus)} GPUs in {plan.waves} waves")
-    return store
-
-
-def _keep_pin(run: ScheduledRun, state_dir: Path) -> str | None:
-    """A copy of the run's pin in the state folder (``pins/NAME``), out of reach of the cache's
-    pruning; None when it has none or it is gone (a stored ``--plan`` whose pins were pruned)."""
-    if run.pin is None:
-        return None
-    pin = Pin.from_dict(run.pin)
-    if not pin.usable():
-        return None
-    try:
-        return copy_pin(pin, state_dir / "pins" / run.name).path
-    except OSError:
-        return None
-
-
-class ScheduleLock:
-    """An exclusive ``flock`` on ``<state dir>.lock`` (beside the folder, so it holds while a finished
-    schedule is moved aside) while a scheduler runs the schedule, so that a second ``jaxfit schedule``
-    or ``--resume`` cannot start the same runs twice. The kernel drops it when the process dies, even
-    by SIGKILL, so a killed scheduler never leaves a stale lock."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = Path(state_dir).with_name(Path(state_dir).name + ".lock")
-        self._fd: int | None = None
-
-    def __enter__(self) -> ScheduleLock:
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise ConfigError(f"{self.path.with_suffix('')} is being run by jaxfit (pid {holder}); wait for it, "
-                              "or stop it (Ctrl-C / kill) and then --resume") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def holder(self) -> str | None:
-        """The pid of the jaxfit that holds the lock now, or None when nobody does."""
-        import fcntl
-
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-        finally:
-            os.close(fd)
-        return None
-
-
-def check_state_dir(state_dir: Path) -> None:
-    """Fail before any fit when the state folder could not be written (or is a file).
-
-    Raises:
-      ConfigError: one line naming ``--state-dir``.
-    """
-    import tempfile
-
-    existing = Path(state_dir)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"--state-dir {state_dir}: {existing} is a file, not a folder; choose another --state-dir")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".jaxfit-check.", dir=existing)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"--state-dir {state_dir}: {existing} is not writable ({e.strerror or e}); choose another "
-                          "--state-dir") from None
-
-
-def open_state(state_dir: Path) -> StateStore:
-    """Open an existing schedule for ``--resume``.
-
-    Raises:
-      ConfigError: there is none in that folder.
-    """
-    path = state_dir / STATE_FILE
-    if not path.exists():
-        raise ConfigError(f"no schedule to resume in {state_dir} (no {STATE_FILE}); start one without --resume")
-    return StateStore(path)
 
 
 def ran_out_of_memory(log_path: str | None, tail_bytes: int = 256 * 1024) -> bool:
@@ -326,11 +141,11 @@ class Scheduler:
         self.store, self.launcher, self.state_dir, self.options = store, launcher, Path(state_dir), options
         self.env = {name: dict(values) for name, values in (env or {}).items()}
         self._report, self.on_tick = report, on_tick
-        self.plan: dict[str, Any] = store.meta("plan")
+        self.plan = packing.Plan.from_dict(store.meta("plan"))
         self.logical: bool = bool(store.meta("logical", False))
-        self.capacity = {g["index"]: g["capacity_bytes"] for g in self.plan["gpus"]}
-        self.totals = {g["index"]: g["total_bytes"] for g in self.plan["gpus"]}
-        self.waves: dict[str, int] = {p["name"]: p["wave"] for p in self.plan["placements"]}
+        self.capacity = {g.index: g.capacity_bytes for g in self.plan.gpus}
+        self.totals = {g.index: g.total_bytes for g in self.plan.gpus}
+        self.waves: dict[str, int] = {p.name: p.wave for p in self.plan.placements}
         self.handles: dict[str, Handle] = {}
         self.attempt_started: dict[str, float] = {}
         self.stopping_since: dict[str, float] = {}
@@ -395,14 +210,14 @@ class Scheduler:
         try:
             handle = self.launcher.start(spec)
         except ConfigError as err:
-            self.store.update(record.name, state="failed", ended_at=now, reason=str(err), attempts=attempt)
+            self.store.update(record.name, state=RunState.FAILED, ended_at=now, reason=str(err), attempts=attempt)
             self._event("failed", record.name, str(err))
             return
         self.handles[record.name] = handle
         self.attempt_started[record.name] = now
         self.store.start_attempt(Attempt(record.name, attempt, record.batch_size, record.grad_accum_steps, handle.pid,
                                          now, None, None, None, spec.log_path))
-        self.store.update(record.name, state="running", attempts=attempt, pid=handle.pid, log_path=spec.log_path,
+        self.store.update(record.name, state=RunState.RUNNING, attempts=attempt, pid=handle.pid, log_path=spec.log_path,
                           started_at=record.started_at or now, reason=None)
         accum = f" x {record.grad_accum_steps} accumulation" if record.grad_accum_steps > 1 else ""
         self._event("started", record.name,
@@ -413,11 +228,11 @@ class Scheduler:
         """Start every pending run whose turn has come and whose need fits its GPU now."""
         live: dict[int, int] = {}
         for r in records:
-            if r.state == "running":
+            if r.state == RunState.RUNNING:
                 live[r.gpu] = live.get(r.gpu, 0) + r.need_bytes
         waiting_wave: dict[int, int] = {}  # per GPU: the earliest wave of a run that still waits
         for r in records:  # plan order
-            if r.state != "pending":
+            if r.state != RunState.PENDING:
                 continue
             wave = self.waves.get(r.name, 0)
             if r.gpu in waiting_wave and wave > waiting_wave[r.gpu]:
@@ -441,28 +256,28 @@ class Scheduler:
         common: dict[str, Any] = {"pid": None, "exit_code": None if code == LOST else code}
         if name in self.timed_out:
             self.timed_out.discard(name)
-            outcome, changes = "timeout", dict(state="timeout", ended_at=now, reason=f"stopped at its {record.timeout:g} s timeout")
+            outcome, changes = "timeout", dict(state=RunState.TIMEOUT, ended_at=now, reason=f"stopped at its {record.timeout:g} s timeout")
             self._event("timeout", name, changes["reason"])
         elif code == 0:
-            outcome, changes = "done", dict(state="done", ended_at=now, reason=None)
+            outcome, changes = "done", dict(state=RunState.DONE, ended_at=now, reason=None)
             self._event("done", name, f"finished in {self._elapsed(record, now)}")
         elif self.stop_signal is not None:
-            outcome, changes = "interrupted", dict(state="interrupted", reason="stopped with the scheduler")
+            outcome, changes = "interrupted", dict(state=RunState.INTERRUPTED, reason="stopped with the scheduler")
             self._event("interrupted", name, "stopped with the scheduler; --resume starts it again")
         elif code == LOST:
-            outcome, changes = "lost", dict(state="pending", reason="its runner vanished without an exit code")
+            outcome, changes = "lost", dict(state=RunState.PENDING, reason="its runner vanished without an exit code")
             self._event("lost", name, "its runner vanished without recording an exit code; starting it again")
         elif ran_out_of_memory(record.log_path):
             outcome = "oom"
             steps = next_accumulation(record.batch_size, record.grad_accum_steps)
             if steps is None:
-                changes = dict(state="failed", ended_at=now,
+                changes = dict(state=RunState.FAILED, ended_at=now,
                                reason=f"out of memory at micro-batch {record.batch_size // record.grad_accum_steps}, "
                                       "the smallest that divides its batch")
                 self._event("failed", name, changes["reason"])
             else:
                 micro = record.batch_size // steps
-                changes = dict(state="pending", grad_accum_steps=steps,
+                changes = dict(state=RunState.PENDING, grad_accum_steps=steps,
                                reason=f"out of memory; retrying as {steps} x {micro}")
                 self._event("oom", name, f"out of memory at batch {record.batch_size} x {record.grad_accum_steps} "
                                          f"accumulation; retrying with {steps} steps of {micro} (same global batch "
@@ -471,10 +286,10 @@ class Scheduler:
             outcome = "crashed"
             crashes = record.crashes + 1
             if crashes <= record.retries:
-                changes = dict(state="pending", crashes=crashes, reason=f"exit code {code}; retry {crashes} of {record.retries}")
+                changes = dict(state=RunState.PENDING, crashes=crashes, reason=f"exit code {code}; retry {crashes} of {record.retries}")
                 self._event("crashed", name, f"exit code {code} (log {record.log_path}); retry {crashes} of {record.retries}")
             else:
-                changes = dict(state="failed", crashes=crashes, ended_at=now,
+                changes = dict(state=RunState.FAILED, crashes=crashes, ended_at=now,
                                reason=f"exit code {code} after {record.attempts} attempts")
                 self._event("failed", name, f"exit code {code}; no retries left (log {record.log_path})")
         self.store.end_attempt(name, record.attempts, ended_at=now, exit_code=common["exit_code"], outcome=outcome)
@@ -489,7 +304,7 @@ class Scheduler:
         now = time.time()
         for record in records:
             handle = self.handles.get(record.name)
-            if record.state != "running" or handle is None:
+            if record.state != RunState.RUNNING or handle is None:
                 continue
             code = handle.poll()
             if code is not None:
@@ -512,10 +327,10 @@ class Scheduler:
     def reattach(self) -> None:
         """After an earlier scheduler died: adopt its live attempts, requeue what it left unfinished."""
         for record in self.store.experiments():
-            if record.state == "interrupted":
-                self.store.update(record.name, state="pending")
+            if record.state == RunState.INTERRUPTED:
+                self.store.update(record.name, state=RunState.PENDING)
                 self._event("resumed", record.name, "interrupted earlier; starting it again")
-            if record.state != "running":
+            if record.state != RunState.RUNNING:
                 continue
             attempts = self.store.attempts(record.name)
             latest = attempts[-1] if attempts else None
@@ -525,7 +340,7 @@ class Scheduler:
                 if latest is not None:
                     self.store.end_attempt(record.name, latest.attempt, ended_at=time.time(), exit_code=None,
                                            outcome="lost")
-                self.store.update(record.name, state="pending", pid=None, reason="its attempt was lost with the scheduler")
+                self.store.update(record.name, state=RunState.PENDING, pid=None, reason="its attempt was lost with the scheduler")
                 self._event("lost", record.name, "its attempt did not survive the scheduler; starting it again")
                 continue
             self.handles[record.name] = handle
@@ -581,7 +396,7 @@ class Scheduler:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        failed = [r.name for r in self.store.experiments() if r.state != "done"]
+        failed = [r.name for r in self.store.experiments() if r.state != RunState.DONE]
         self._event("finished", None, "all runs done" if not failed else f"not done: {', '.join(failed)}")
         return 0 if not failed else 1
 

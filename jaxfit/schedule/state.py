@@ -20,6 +20,7 @@ States of an experiment: ``pending`` (not started, or waiting to be retried), ``
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import sqlite3
 import threading
@@ -30,7 +31,30 @@ from typing import Any
 
 from jaxfit.errors import ConfigError
 
-FINAL_STATES = ("done", "failed", "timeout")
+class RunState(str, enum.Enum):
+    """Where an experiment of a schedule stands (stored as its value)."""
+
+    PENDING = "pending"
+    """Not started, or waiting to be started again."""
+    RUNNING = "running"
+    DONE = "done"
+    """Exited 0."""
+    FAILED = "failed"
+    """No retries left, or it could not start."""
+    TIMEOUT = "timeout"
+    """Stopped at its time limit."""
+    INTERRUPTED = "interrupted"
+    """Stopped with the scheduler (Ctrl-C, SIGTERM); ``--resume`` starts it again."""
+
+    def is_final(self) -> bool:
+        """Whether ``--resume`` leaves it alone (done, failed, timeout)."""
+        return self in (RunState.DONE, RunState.FAILED, RunState.TIMEOUT)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FINAL_STATES = tuple(s.value for s in RunState if s.is_final())
 """States ``--resume`` leaves alone."""
 
 _SCHEMA = """
@@ -96,7 +120,7 @@ class ExperimentRecord:
     env: tuple[str, ...]
     retries: int
     timeout: float | None
-    state: str = "pending"
+    state: RunState = RunState.PENDING
     attempts: int = 0
     crashes: int = 0
     pid: int | None = None
@@ -110,7 +134,7 @@ class ExperimentRecord:
     @property
     def final(self) -> bool:
         """Whether ``--resume`` leaves it alone."""
-        return self.state in FINAL_STATES
+        return RunState(self.state).is_final()
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` entry: name, gpu, mem_fraction, batch_size, state, attempts, times, and more."""
@@ -242,6 +266,7 @@ class StateStore:
         for row in rows:
             data = dict(zip(_EXPERIMENT_COLUMNS, row))
             data["command"] = tuple(json.loads(data["command"]))
+            data["state"] = RunState(data["state"])
             env = json.loads(data["env"])
             data["env"] = tuple(sorted(env))  # (a dict in states of jaxfit 0.2: only its names are kept)
             out.append(ExperimentRecord(**data))

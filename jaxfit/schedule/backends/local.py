@@ -23,7 +23,7 @@ from typing import Protocol
 
 from jaxfit.errors import ConfigError
 
-RUNNER = str(Path(__file__).resolve().parent / "_probe" / "jaxfit_runner.py")
+RUNNER = str(Path(__file__).resolve().parents[2] / "_probe" / "jaxfit_runner.py")
 """The runner script every attempt is started under."""
 
 

@@ -22,7 +22,7 @@ training run again after a worker crash: retries are the scheduler's decision). 
    :class:`~jaxfit.schedule.backends.local.LocalLauncher` does: stdout and stderr appended to ``spec.log_path``
    (the log stays complete: the scheduler greps it for ``RESOURCE_EXHAUSTED``), ``cwd=spec.cwd``,
    stdin from /dev/null, leader of a new session; but through a small guard process
-   (:data:`_GUARD`, standard library only). The guard double-forks, so it is no child of the Ray
+   (:data:`GUARD`, standard library only). The guard double-forks, so it is no child of the Ray
    worker: when a worker dies (force cancel, Ray's OOM killer, ``ray.shutdown``, the scheduler
    gone), Ray SIGKILLs the worker's children, which would leave the command running unwatched,
    holding GPU memory that Ray believes free. The guard is the runner's parent instead: it
@@ -155,96 +155,8 @@ def ray_gpu_request(share: float) -> float:
     return max(steps, 1) / _RESOURCE_SCALE
 
 
-_GUARD = r"""
-import os, select, signal, subprocess, sys, time
-grace, status_path, argv = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
-if os.fork():
-    os._exit(0)  # the Ray task reaps this parent; the guard is then no child of the worker
-# Undo what the Ray worker passes down: blocked SIGINT, ignored SIGCHLD (which zeroes exit codes).
-signal.pthread_sigmask(signal.SIG_SETMASK, [])
-for sig in signal.valid_signals():
-    if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, signal.SIGXFSZ):
-        try:
-            if signal.getsignal(sig) == signal.SIG_IGN:
-                signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass
-
-
-try:
-    import ctypes
-    prctl = ctypes.CDLL(None).prctl
-except Exception:  # not Linux, or no ctypes
-    prctl = None
-
-
-def death_signal():
-    # If the guard itself is killed (Ray's subreaper mode adopts and kills it), the runner gets SIGTERM.
-    if prctl is not None:
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-try:
-    runner = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=2, stderr=2, start_new_session=True,
-                              preexec_fn=death_signal)
-except OSError as e:
-    os.write(1, ("error cannot start the runner: %s\n" % e.strerror).encode())
-    os._exit(0)
-os.write(1, b"pid %d\n" % runner.pid)
-
-
-def group_alive():
-    runner.poll()  # reap the leader, so that a dead group counts as dead
-    try:
-        os.killpg(runner.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def signal_group(sig):
-    try:
-        os.killpg(runner.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def stop_group():
-    signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while group_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if group_alive():
-        signal_group(signal.SIGKILL)
-
-
-while runner.poll() is None:
-    if select.select([0], [], [], 0.2)[0]:
-        os.read(0, 64)  # "stop" from the task, or end of file: the task's worker is gone
-        stop_group()
-        break
-code = runner.wait()
-if not os.path.exists(status_path) and group_alive():
-    stop_group()  # the runner was killed: its command must not live on unwatched
-try:
-    os.write(1, b"exit %d\n" % code)
-except OSError:
-    pass
-"""
-"""The guard of an attempt (standard library only), run as ``python -c _GUARD GRACE STATUS RUNNER...``.
-
-It forks and its parent exits at once, so the guard is no child of the Ray worker: Ray kills a
-worker's children when the worker dies, which would leave the runner's command running unwatched.
-The guard starts the runner (its child, a new session, output to the log file that is the
-guard's stderr), reports ``pid N`` then ``exit N`` on its stdout, and watches its stdin: a line
-from the task ("stop") or end of file (the worker died) makes it SIGTERM the runner's process
-group, wait up to GRACE seconds, then SIGKILL the group. If the runner ends without recording a
-status (killed) while its group lives on, the guard stops the group the same way. Before starting
-the runner it unblocks every signal and restores ignored ones (but SIGPIPE and SIGXFSZ, which
-``subprocess`` restores) to their default, and it gives the runner a parent-death SIGTERM.
-"""
+GUARD = str(Path(__file__).resolve().parents[2] / "_probe" / "jaxfit_ray_guard.py")
+"""The guard of an attempt (:mod:`jaxfit._probe.jaxfit_ray_guard`), shipped to workers as source."""
 
 
 def _make_task_function() -> Callable[..., int]:
@@ -503,6 +415,7 @@ class RayLauncher:
             if address is None:  # a local Ray never grows: a GPU request it cannot meet would wait forever
                 self._local_gpus = float(ray.cluster_resources().get("GPU", 0))
         self._task = ray.remote(_make_task_function())
+        self._guard_source = Path(GUARD).read_text()  # part of the package, like the runner
         try:
             self._runner_source = Path(RUNNER).read_text()
         except OSError:
@@ -541,7 +454,7 @@ class RayLauncher:
             name=f"jaxfit:{spec.name}#{spec.attempt}", runtime_env=_RUNTIME_ENV,
         ).remote(
             list(spec.command), dict(spec.env), spec.log_path, spec.status_path, spec.cwd, RUNNER,
-            self._runner_source, _GUARD, float(self.grace_s), "OMP_NUM_THREADS" in os.environ,
+            self._runner_source, self._guard_source, float(self.grace_s), "OMP_NUM_THREADS" in os.environ,
         )
         return RayHandle(self._ray, ref, spec.status_path)
 

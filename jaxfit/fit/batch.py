@@ -1,0 +1,222 @@
+"""The largest batch under a memory fraction (:func:`fit_batch`).
+
+The flow is ``workload -> compile under the target limit -> memory report -> search``: a compile
+child started under the target fraction answers "peak at batch B" (:mod:`jaxfit.fit.compiler`),
+the search (:mod:`jaxfit.fit.search`) decides which batches to ask about, this module turns the
+fraction into a budget and the answer into a :class:`~jaxfit.fit.results.FitResult`, and the
+program that proved it is pinned (:mod:`jaxfit.fit.pin`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from jaxfit.errors import ConfigError, DoesNotFitError
+from jaxfit.fit import budget as budget_mod
+from jaxfit.fit.answers import cached_answer, store_answer
+from jaxfit.fit.common import (
+    TUNED_WIDTH, Progress, cleaning_probe_leftovers, default_width, device_dict, note_found_step, notify,
+    raise_compile_error,
+)
+from jaxfit.fit.compiler import CompileChild, CompileOutcome, DeviceInfo
+from jaxfit.fit.options import FitOptions
+from jaxfit.fit.pin import pin_answer, pins_root
+from jaxfit.fit.results import Candidate, FitResult, fitting_above, near_budget_note
+from jaxfit.fit.search import Grid, SearchResult, prove, search
+from jaxfit.fit.sources import ScriptSource, Source
+
+
+class _Rounds:
+    """Rounds of compiles in one child under one budget: every outcome kept, as the search asks."""
+
+    def __init__(self, child: CompileChild, info: DeviceInfo, budget: int, progress: Progress | None) -> None:
+        self.child, self.info, self.budget, self.progress = child, info, budget, progress
+        self.latest: dict[int, CompileOutcome] = {}  # the latest compile of each batch
+        self.history: list[CompileOutcome] = []  # every compile, for the candidate table
+        self.count = 0
+
+    def evaluator(self, autotune: bool, threads: int):  # noqa: ANN201 - a search.Evaluate
+        """``batches -> {batch: peak - budget}`` compiling with or without autotuning."""
+
+        def evaluate(batches: list[int]) -> dict[int, float]:
+            self.count += 1
+            notify(self.progress, "round", round=self.count, batches=batches,
+                   autotune=autotune and self.info.limit_sensitive)
+            got = self.child.compile(
+                batches, autotune=autotune, threads=threads,
+                on_result=lambda o: notify(self.progress, "compiled", outcome=o, budget=self.budget),
+            )
+            for b in batches:
+                if got[b].memory is None and not got[b].oom:
+                    raise_compile_error(got[b])
+                self.latest[b] = got[b]
+                self.history.append(got[b])
+            return {b: self._excess(got[b]) for b in batches}
+
+        return evaluate
+
+    def _excess(self, outcome: CompileOutcome) -> float:
+        return math.inf if outcome.memory is None else outcome.memory.peak_bytes - self.budget
+
+    def candidates(self) -> list[Candidate]:
+        return [Candidate.of(o, self.budget) for o in sorted(self.history, key=lambda o: (o.batch_size, o.autotuned))]
+
+
+def _start_child(source: Source, fraction: float, options: FitOptions,
+                 cache_path: str | None) -> tuple[CompileChild, DeviceInfo, int, int]:
+    """The compile child under ``fraction``: ``(child, info, total, limit)``.
+
+    With ``--device-memory`` on a GPU it is restarted under the fraction of this GPU whose limit
+    equals ``fraction x`` that size (planning for another card).
+
+    Raises:
+      ConfigError: the planned card is larger than this GPU at that fraction.
+    """
+    child = CompileChild(source, fraction, cache_path=cache_path, start_timeout=options.start_timeout)
+    info = child.start()
+    try:
+        if info.limit_sensitive and options.device_memory_bytes:
+            total = round(int(info.bytes_limit or 0) / fraction)
+            child_fraction = fraction * options.device_memory_bytes / total
+            if child_fraction > 1:
+                raise ConfigError(
+                    f"--device-memory {budget_mod.format_bytes(options.device_memory_bytes)} at fraction "
+                    f"{fraction} needs more than this GPU's {budget_mod.format_bytes(total)}; plan on a "
+                    "larger GPU or lower the fraction"
+                )
+            child.close()
+            child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=options.start_timeout)
+            info = child.start()
+            return child, info, options.device_memory_bytes, int(info.bytes_limit or 0)
+        if info.limit_sensitive:
+            return child, info, round(int(info.bytes_limit or 0) / fraction), int(info.bytes_limit or 0)
+        total = options.device_memory_bytes or info.host_memory_bytes
+        return child, info, total, int(fraction * total)
+    except BaseException:
+        child.close()
+        raise
+
+
+def _does_not_fit(rounds: _Rounds, grid: Grid, options: FitOptions, fraction: float, total: int) -> DoesNotFitError:
+    """Not even the smallest batch fits: what it needs, and what to do."""
+    smallest = rounds.latest[grid.first]
+    memory = smallest.memory
+    need = memory.peak_bytes + options.headroom_bytes if memory else None
+    if memory is None or need is None:
+        needs = "the compile itself ran out of memory"
+    elif need > total:
+        needs = (f"its compiled peak is {budget_mod.format_bytes(memory.peak_bytes)}, more than the whole device "
+                 f"({budget_mod.format_bytes(total)})")
+    else:
+        needs = (f"its compiled peak is {budget_mod.format_bytes(memory.peak_bytes)}, about fraction "
+                 f"{budget_mod.fraction_for_bytes(need, total):.2f} of this device")
+    hint = ("use a larger device, or shrink the model (remat, bf16)" if need is not None and need > total
+            else "raise --mem-fraction, lower --headroom, or shrink the model (remat, bf16)")
+    return DoesNotFitError(f"not even batch {grid.first} fits the budget of {budget_mod.format_bytes(rounds.budget)} "
+                           f"(fraction {fraction}): {needs}", hint)
+
+
+@cleaning_probe_leftovers
+def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Progress | None = None) -> FitResult:
+    """The largest batch whose compiled peak fits the budget of ``options.mem_fraction``.
+
+    On a GPU the search compiles with autotuning off (cheap, and four run side by side in about
+    the time of one) and the answer is then proved on the program as it will really run
+    (autotuned): near the limit the two can differ (on the H200, ViT-S at batch 157 under fraction
+    0.05 needs 6.96 GiB untuned and 10.89 GiB tuned). The program that proved it is pinned.
+
+    Args:
+      source: Where the workload comes from (:func:`jaxfit.example_source`,
+        :func:`jaxfit.entry_source` or :func:`jaxfit.script_source`).
+      options: Fraction, headroom, bounds, cache.
+      progress: Called with ``(event, data)`` as the search goes (``starting``, ``start``,
+        ``round``, ``compiled``, ``note``, ``cached``, ``done``).
+
+    Returns:
+      The result; ``peak(batch_size) <= budget < peak(batch_size + multiple_of)`` when
+      ``outcome == "boundary"``.
+
+    Raises:
+      ConfigError: bad options.
+      DoesNotFitError: not even ``min_batch`` fits (the message says what it would need).
+      CompileError: the step fails to compile for a reason other than memory.
+      WorkloadError, WorkerError: the workload could not be built, or the child died.
+    """
+    start = time.perf_counter()
+    options.validate()
+    fraction = options.resolved_fraction()
+    grid = options.grid()
+    question = {"mode": "batch", "fraction": fraction, "headroom": options.headroom_bytes,
+                "device_memory": options.device_memory_bytes, "grid": [grid.first, grid.last, grid.step],
+                "verify": options.verify}
+    key, hit = cached_answer(options, question, source, start)
+    if hit is not None:
+        notify(progress, "cached", result=hit)
+        return hit
+
+    notify(progress, "starting", fraction=fraction, source=source)
+    child, info, total, limit = _start_child(source, fraction, options, options.cache_file())
+    try:
+        budget = budget_mod.budget_bytes(limit, options.headroom_bytes)
+        if budget <= 0:
+            raise ConfigError(
+                f"--headroom {budget_mod.format_bytes(options.headroom_bytes)} leaves no budget out of "
+                f"{budget_mod.format_bytes(limit)}; lower it or raise --mem-fraction"
+            )
+        if isinstance(source, ScriptSource) and grid.step % info.device_count:
+            # The script shards its batch over every device: only multiples of the count can run.
+            step = math.lcm(grid.step, info.device_count)
+            grid = Grid(grid.low, grid.high, step)
+            notify(progress, "note", text=f"batch sizes are multiples of {step}: the script shards over "
+                                          f"{info.device_count} devices")
+        note_found_step(progress, child.workload_info)
+        width = options.width or default_width(info)
+        tuned = info.limit_sensitive and options.verify
+        notify(progress, "start", device=info, limit=limit, budget=budget, width=width)
+        rounds = _Rounds(child, info, budget, progress)
+        # Untuned on a GPU with verification (the proof follows), else the program as it runs
+        # (the CPU compiler has no autotuning; --no-verify takes the untuned answer).
+        found: SearchResult = search(rounds.evaluator(not info.limit_sensitive, width), grid, width=width,
+                                     leave_open=TUNED_WIDTH - 1 if tuned else 0)
+        if tuned:
+            found = prove(rounds.evaluator(True, TUNED_WIDTH), grid, found, budget, width=TUNED_WIDTH)
+        if found.answer is None:
+            raise _does_not_fit(rounds, grid, options, fraction, total)
+        answer = found.answer
+        final = rounds.latest[answer].memory
+        assert final is not None
+        pin, pin_note = pin_answer(child, answer, key=key, info=info, proven=final, budget_bytes=budget,
+                                   limit_bytes=limit, mem_fraction=fraction, root=pins_root(options.use_cache))
+        overhead = child.process_overhead() if info.limit_sensitive else {"bytes": 0, "method": "not a GPU"}
+    finally:
+        child.close()
+
+    candidates = rounds.candidates()
+    outcome = "max" if answer == grid.last else "boundary"
+    neighbour = rounds.latest.get(answer + grid.step)
+    above = fitting_above(candidates, answer, tuned_only=tuned)
+    message = (
+        f"batch {answer} fits: peak {budget_mod.format_bytes(final.peak_bytes)} of a "
+        f"{budget_mod.format_bytes(budget)} budget"
+        + (f"; batch {answer + grid.step} needs {budget_mod.format_bytes(neighbour.memory.peak_bytes)}"
+           if outcome == "boundary" and neighbour is not None and neighbour.memory is not None
+           else f"; batch {answer + grid.step} runs out of memory while compiling" if outcome == "boundary" else "")
+        + (f"; --max-batch {grid.last} reached, larger batches may fit too" if outcome == "max" else "")
+        + (f"; note: batch {', '.join(map(str, above))} also compiled to fit (the peak is not monotone in the "
+           "batch here; one boundary is proved, not every pocket)" if above else "")
+        + (near_budget_note(final.peak_bytes, budget) if info.limit_sensitive and pin is None else "")
+        + (f"; {pin_note}" if pin_note else "")
+    )
+    result = FitResult(
+        mode="batch", batch_size=answer, multiple_of=grid.step, mem_fraction=fraction, limit_bytes=limit,
+        headroom_bytes=options.headroom_bytes, budget_bytes=budget, peak_bytes=final.peak_bytes,
+        outcome=outcome, device=device_dict(info, total), workload=child.workload_info,
+        compiles=sum(1 for c in candidates if not c.cached), rounds=rounds.count,
+        wall_seconds=round(time.perf_counter() - start, 3), candidates=candidates,
+        process_overhead_bytes=overhead.get("bytes"), process_overhead_method=overhead.get("method"),
+        message=message, pin=pin.to_dict() if pin else None, pin_note=pin_note,
+    )
+    store_answer(options, key, result)
+    notify(progress, "done", result=result)
+    return result

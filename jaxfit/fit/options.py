@@ -1,0 +1,128 @@
+"""How to fit: :class:`FitOptions`, also the ``jaxfit fit`` / ``run`` flags (tyro reads it as is)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Annotated
+
+import tyro
+
+from jaxfit.errors import ConfigError
+from jaxfit.fit import budget as budget_mod
+from jaxfit.fit.cache import default_cache_path, usable_cache
+from jaxfit.fit.search import Grid
+
+DEFAULT_MEM_FRACTION = 0.45
+"""The fraction fitted under when neither ``--mem-fraction`` nor $XLA_PYTHON_CLIENT_MEM_FRACTION is set."""
+DEFAULT_MAX_BATCH = 65536
+"""The largest batch a fit considers unless told otherwise."""
+DEFAULT_START_TIMEOUT = 900.0
+"""Seconds a probe waits for a script to reach its train step (data and weight loading first)."""
+
+
+def default_mem_fraction() -> float:
+    """``XLA_PYTHON_CLIENT_MEM_FRACTION`` when set (as JAX itself would use), else 0.45.
+
+    Raises:
+      ConfigError: the variable is not a fraction in (0, 1].
+    """
+    text = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    if not text:
+        return DEFAULT_MEM_FRACTION
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"XLA_PYTHON_CLIENT_MEM_FRACTION={text!r} is not a number; unset it or pass --mem-fraction"
+        ) from None
+    return budget_mod.check_fraction(value, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+Size = Annotated[int, tyro.conf.arg(constructor=budget_mod.parse_size, metavar="SIZE")]
+"""Bytes, written as a size on the command line (``2GiB``, ``96GB``, ``512MiB``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOptions:
+    """How to fit.
+
+    Attributes:
+      mem_fraction: The XLA_PYTHON_CLIENT_MEM_FRACTION to fit under (``None``: the environment's,
+        else 0.45). Ignored by :func:`jaxfit.fit_fraction`, which finds it.
+      headroom_bytes: Bytes of the budget to keep free.
+      device_memory_bytes: Plan for a device of this size instead of the one present (on a GPU the
+        compile runs under the equivalent limit; on a CPU it replaces the host RAM).
+      min_batch: Smallest batch to consider.
+      max_batch: Largest batch to consider.
+      multiple_of: Batches are multiples of this (e.g. the device count, or 8).
+      width: Compiles per search round (concurrent threads in the child); ``None``: 4 on a GPU,
+        ``min(4, cpu count)`` on a CPU.
+      use_cache: Read and write the SQLite cache.
+      cache_path: The cache file (default :func:`jaxfit.fit.cache.default_cache_path`).
+      verify: On a GPU, prove the answer on autotuned compiles (the program as it will really run;
+        near the limit the untuned one can need far less memory) after the search on untuned ones;
+        off: the untuned answer, faster but approximate.
+      start_timeout: Seconds to wait for the compile child to be ready: for a script, until its
+        first call of the train step (it loads its data and model first).
+    """
+
+    mem_fraction: float | None = None
+    """The XLA_PYTHON_CLIENT_MEM_FRACTION to fit under, in (0, 1]; default $XLA_PYTHON_CLIENT_MEM_FRACTION or 0.45."""
+    headroom_bytes: Annotated[Size, tyro.conf.arg(name="headroom")] = 0
+    """Memory to keep free inside the budget, e.g. 2GiB."""
+    device_memory_bytes: Annotated[Size | None, tyro.conf.arg(name="device-memory")] = None
+    """Plan for a device of this size, e.g. 96GiB (GPU: compiled under the equivalent limit; CPU: replaces the host RAM)."""
+    min_batch: int = 1
+    """Smallest batch size to consider."""
+    max_batch: int = DEFAULT_MAX_BATCH
+    """Largest batch size to consider."""
+    multiple_of: int = 1
+    """Only consider multiples of this (e.g. the number of devices)."""
+    width: int | None = None
+    """Concurrent compiles per search round (default 4 on a GPU, up to 4 CPU cores otherwise)."""
+    use_cache: Annotated[bool, tyro.conf.arg(name="cache")] = True
+    """Use the answer and compile cache (~/.cache/jaxfit or $JAXFIT_CACHE_DIR); --no-cache compiles afresh."""
+    cache_path: tyro.conf.Suppress[str | None] = None
+    verify: bool = True
+    """On a GPU, prove the answer with autotuned compiles (the step as it will run) after searching with untuned ones; --no-verify: the untuned answer (faster, approximate)."""
+    start_timeout: Annotated[float, tyro.conf.arg(name="probe-timeout")] = DEFAULT_START_TIMEOUT
+    """Seconds to wait for a script to reach its first call of the step (with --script, run and schedule)."""
+
+    def resolved_fraction(self) -> float:
+        """The fraction to fit under (:func:`default_mem_fraction` when not given).
+
+        Raises:
+          ConfigError: outside (0, 1].
+        """
+        if self.mem_fraction is None:
+            return default_mem_fraction()
+        return budget_mod.check_fraction(self.mem_fraction)
+
+    def grid(self) -> Grid:
+        """The batches to consider.
+
+        Raises:
+          ConfigError: bad bounds.
+        """
+        if self.min_batch < 1:
+            raise ConfigError(f"--min-batch must be at least 1, got {self.min_batch}")
+        return Grid(self.min_batch, self.max_batch, self.multiple_of)
+
+    def validate(self) -> FitOptions:
+        """Check every option (one-line :class:`ConfigError` naming the flag); returns ``self``."""
+        self.resolved_fraction()
+        if self.width is not None and self.width < 1:
+            raise ConfigError(f"--width {self.width} must be at least 1 (compiles per search round)")
+        if not self.start_timeout > 0:
+            raise ConfigError(f"--probe-timeout {self.start_timeout:g} must be more than 0 seconds")
+        if self.headroom_bytes < 0:
+            raise ConfigError("--headroom must not be negative")
+        return self
+
+    def cache_file(self) -> str | None:
+        """The cache file to use, or None (``use_cache`` off, or a cache that cannot be used:
+        :func:`jaxfit.fit.cache.usable_cache` warns once and jaxfit runs without it)."""
+        if not self.use_cache:
+            return None
+        return usable_cache(self.cache_path or default_cache_path())

@@ -1,0 +1,159 @@
+"""What a fit answers: :class:`FitResult` (with every :class:`Candidate` it compiled), for people
+(:mod:`jaxfit.cli.output`) and machines (:meth:`FitResult.to_dict`, the ``--json`` object)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from jaxfit.fit import budget as budget_mod
+from jaxfit.fit.compiler import CompileOutcome
+from jaxfit.versions import jaxfit_version
+
+FitMode = Literal["batch", "fraction"]
+"""``batch``: the largest batch under a fraction; ``fraction``: the smallest fraction for a batch."""
+Outcome = Literal["boundary", "max", "fraction"]
+"""``boundary``: the next batch was compiled and does not fit; ``max``: ``--max-batch`` fits;
+``fraction``: a fraction fit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One compiled batch size and what it needs."""
+
+    batch_size: int
+    peak_bytes: int | None
+    argument_bytes: int | None
+    output_bytes: int | None
+    alias_bytes: int | None
+    temp_bytes: int | None
+    fits: bool
+    compile_seconds: float
+    cached: bool
+    autotuned: bool
+    oom: bool = False
+    flops: float | None = None
+    mem_fraction: float | None = None  # set by the fraction search: the fraction compiled under
+    limit_bytes: int | None = None  # set by the fraction search: that fraction's limit
+
+    @classmethod
+    def of(cls, outcome: CompileOutcome, budget_bytes: int, **extra: Any) -> Candidate:
+        m = outcome.memory
+        peak = m.peak_bytes if m else None
+        return cls(
+            batch_size=outcome.batch_size, peak_bytes=peak,
+            argument_bytes=m.argument_bytes if m else None, output_bytes=m.output_bytes if m else None,
+            alias_bytes=m.alias_bytes if m else None, temp_bytes=m.temp_bytes if m else None,
+            fits=peak is not None and peak <= budget_bytes, compile_seconds=round(outcome.compile_seconds, 3),
+            cached=outcome.cached, autotuned=outcome.autotuned, oom=outcome.oom,
+            flops=m.flops if m else None, **extra,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """The answer of a fit, for people (``jaxfit.cli.output``) and machines (:meth:`to_dict`).
+
+    Attributes:
+      mode: ``batch`` (largest batch under a fraction) or ``fraction`` (smallest fraction for a batch).
+      batch_size: The largest batch that fits (``batch`` mode) or the batch asked about.
+      multiple_of: The batch granularity searched.
+      mem_fraction: The fraction fitted under (``batch``) or found (``fraction``).
+      limit_bytes: The allocator limit under that fraction.
+      headroom_bytes: Bytes kept free.
+      budget_bytes: ``limit_bytes - headroom_bytes``: what the step may use.
+      peak_bytes: The compiled peak at ``batch_size`` under ``mem_fraction``.
+      outcome: ``boundary`` (proved: the next batch does not fit), ``max`` (``--max-batch`` fits;
+        larger batches were not tried) or ``fraction`` (fraction mode).
+      device: Platform, kind, count, CUDA total (GPU) or host RAM (CPU), jax version.
+      workload: Its name and description.
+      compiles: Compiles run (cache hits excluded).
+      rounds: Concurrent compile rounds.
+      wall_seconds: Wall time of the whole fit.
+      candidates: Every batch (or fraction) compiled, in order.
+      process_overhead_bytes: Device memory a process holds outside the pool (GPU: measured;
+        ``None`` when it could not be measured), which co-located processes must add.
+      cached: Whether the answer came from the answer cache.
+      message: One line for people.
+      pin: The proven program, stored for the training process (:mod:`jaxfit.fit.pin`): its
+        ``path`` (``pin.json``), ``step_name``, ``batch_size``, ``peak_bytes``... ``None`` when it
+        could not be stored (``pin_note`` says why).
+      pin_note: Why the program is not pinned, or a remark on the pin; ``None`` when all is well.
+    """
+
+    mode: FitMode
+    batch_size: int
+    multiple_of: int
+    mem_fraction: float
+    limit_bytes: int
+    headroom_bytes: int
+    budget_bytes: int
+    peak_bytes: int
+    outcome: Outcome
+    device: dict[str, Any]
+    workload: dict[str, Any]
+    compiles: int
+    rounds: int
+    wall_seconds: float
+    candidates: list[Candidate]
+    process_overhead_bytes: int | None = None
+    process_overhead_method: str | None = None
+    cached: bool = False
+    message: str = ""
+    jaxfit_version: str = dataclasses.field(default_factory=jaxfit_version)
+    pin: dict[str, Any] | None = None
+    pin_note: str | None = None
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the proven program is stored for the training process."""
+        return self.pin is not None
+
+    def run_env(self) -> dict[str, str]:
+        """The environment that runs the proven program in a user's own shell
+        (:func:`jaxfit.fit.pin.run_environment`); prepend its PYTHONPATH to your own."""
+        from jaxfit.fit.pin import Pin, run_environment
+
+        return run_environment(Pin.from_dict(self.pin) if self.pin else None, self.mem_fraction)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the documented ``--json`` object), with ``env`` (:meth:`run_env`)."""
+        data = dataclasses.asdict(self)
+        data["env"] = self.run_env()
+        return data
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FitResult:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in d.items() if k in fields}  # ``env`` is derived, not stored
+        data["candidates"] = [Candidate(**c) for c in d["candidates"]]
+        return cls(**data)
+
+
+def fitting_above(candidates: list[Candidate], answer: int, *, tuned_only: bool) -> list[int]:
+    """Batches above ``answer`` that were compiled and fit: pockets of a non-monotone peak curve.
+
+    The search answers the first boundary (``peak(answer) <= budget < peak(answer + step)``), as
+    the trial search does; on a GPU the peak can dip again further up (measured: an MLP on an H100
+    ran at 2252 and 2468 but not at 2253). With ``tuned_only`` untuned compiles are ignored, since
+    near the limit they can fit where the real (autotuned) program does not.
+    """
+    return sorted({c.batch_size for c in candidates
+                   if c.fits and c.batch_size > answer and (c.autotuned or not tuned_only)})
+
+
+NEAR_BUDGET = 0.03
+"""On a GPU, an answer whose peak is closer than this share of the budget gets a note: autotuning
+picks kernels by timing them, and another process can pick others (H100, gpt-small at batch 13:
+17,388,497,252 B in jaxfit's compile, 17,830,671,972 B in the training process, 2.5 % more)."""
+
+
+def near_budget_note(peak_bytes: int, budget_bytes: int) -> str:
+    """A note for the message when the autotuned peak leaves less than :data:`NEAR_BUDGET` spare."""
+    spare = (budget_bytes - peak_bytes) / budget_bytes
+    if spare >= NEAR_BUDGET:
+        return ""
+    return (f"; note: only {spare:.1%} of the budget is spare and the program is not pinned, so autotuning in the "
+            f"training process can pick kernels that need more (measured: 2.5% more near the limit); --headroom "
+            f"{budget_mod.format_bytes(int(NEAR_BUDGET * budget_bytes))} keeps a margin")
