@@ -6,6 +6,7 @@ the options they share and the one-line error handling are in :mod:`jaxfit.cli.a
 progress lines for people in :mod:`jaxfit.cli.output`.
 """
 
+from jaxfit.cli import examples, fit, run, schedule  # noqa: F401 - each registers its subcommand
 from jaxfit.cli.app import main
 
 __all__ = ["main"]

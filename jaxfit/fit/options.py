@@ -39,55 +39,51 @@ def default_mem_fraction() -> float:
     return budget_mod.check_fraction(value, "XLA_PYTHON_CLIENT_MEM_FRACTION")
 
 
-Size = Annotated[int, tyro.conf.arg(constructor=budget_mod.parse_size, metavar="SIZE")]
-"""Bytes, written as a size on the command line (``2GiB``, ``96GB``, ``512MiB``)."""
+def _size_spec() -> tyro.constructors.PrimitiveConstructorSpec[int]:
+    return tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1, metavar="SIZE", instance_from_str=lambda args: budget_mod.parse_size(args[0]),
+        is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool), str_from_instance=lambda x: [str(x)],
+    )
+
+
+Size = Annotated[int, _size_spec()]
+"""Bytes, written as a size on the command line (``2GiB``, ``96GB``, ``512MiB``, or plain bytes)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class FitOptions:
-    """How to fit.
+    """How to fit (the same fields are the flags of ``jaxfit fit`` and ``jaxfit run``).
 
     Attributes:
-      mem_fraction: The XLA_PYTHON_CLIENT_MEM_FRACTION to fit under (``None``: the environment's,
-        else 0.45). Ignored by :func:`jaxfit.fit_fraction`, which finds it.
-      headroom_bytes: Bytes of the budget to keep free.
-      device_memory_bytes: Plan for a device of this size instead of the one present (on a GPU the
-        compile runs under the equivalent limit; on a CPU it replaces the host RAM).
-      min_batch: Smallest batch to consider.
-      max_batch: Largest batch to consider.
-      multiple_of: Batches are multiples of this (e.g. the device count, or 8).
-      width: Compiles per search round (concurrent threads in the child); ``None``: 4 on a GPU,
-        ``min(4, cpu count)`` on a CPU.
-      use_cache: Read and write the SQLite cache.
-      cache_path: The cache file (default :func:`jaxfit.fit.cache.default_cache_path`).
-      verify: On a GPU, prove the answer on autotuned compiles (the program as it will really run;
-        near the limit the untuned one can need far less memory) after the search on untuned ones;
-        off: the untuned answer, faster but approximate.
-      start_timeout: Seconds to wait for the compile child to be ready: for a script, until its
-        first call of the train step (it loads its data and model first).
+      mem_fraction: The XLA_PYTHON_CLIENT_MEM_FRACTION to fit under, in (0, 1]; default
+        $XLA_PYTHON_CLIENT_MEM_FRACTION, else 0.45. (The inverse fit finds it instead.)
+      headroom_bytes: Memory to keep free inside the budget, e.g. 2GiB.
+      device_memory_bytes: Plan for a device of this size, e.g. 96GiB (on a GPU the compile runs
+        under the limit that fraction of such a card gives; on a CPU it replaces the host RAM).
+      min_batch: Smallest batch size to consider.
+      max_batch: Largest batch size to consider.
+      multiple_of: Only consider multiples of this (e.g. the number of devices, or 8).
+      width: Concurrent compiles per search round (default 4 on a GPU, up to 4 CPU cores otherwise).
+      use_cache: Use the answer and compile cache (~/.cache/jaxfit or $JAXFIT_CACHE_DIR); --no-cache
+        compiles afresh.
+      cache_path: The cache file (default: cache.sqlite3 in the cache folder).
+      verify: On a GPU, prove the answer with autotuned compiles (the step as it will run) after
+        searching with untuned ones; --no-verify takes the untuned answer (faster, approximate).
+      start_timeout: Seconds to wait for a training script to reach its first call of the step (it
+        loads its data and model first).
     """
 
     mem_fraction: float | None = None
-    """The XLA_PYTHON_CLIENT_MEM_FRACTION to fit under, in (0, 1]; default $XLA_PYTHON_CLIENT_MEM_FRACTION or 0.45."""
     headroom_bytes: Annotated[Size, tyro.conf.arg(name="headroom")] = 0
-    """Memory to keep free inside the budget, e.g. 2GiB."""
     device_memory_bytes: Annotated[Size | None, tyro.conf.arg(name="device-memory")] = None
-    """Plan for a device of this size, e.g. 96GiB (GPU: compiled under the equivalent limit; CPU: replaces the host RAM)."""
     min_batch: int = 1
-    """Smallest batch size to consider."""
     max_batch: int = DEFAULT_MAX_BATCH
-    """Largest batch size to consider."""
     multiple_of: int = 1
-    """Only consider multiples of this (e.g. the number of devices)."""
     width: int | None = None
-    """Concurrent compiles per search round (default 4 on a GPU, up to 4 CPU cores otherwise)."""
     use_cache: Annotated[bool, tyro.conf.arg(name="cache")] = True
-    """Use the answer and compile cache (~/.cache/jaxfit or $JAXFIT_CACHE_DIR); --no-cache compiles afresh."""
     cache_path: tyro.conf.Suppress[str | None] = None
     verify: bool = True
-    """On a GPU, prove the answer with autotuned compiles (the step as it will run) after searching with untuned ones; --no-verify: the untuned answer (faster, approximate)."""
     start_timeout: Annotated[float, tyro.conf.arg(name="probe-timeout")] = DEFAULT_START_TIMEOUT
-    """Seconds to wait for a script to reach its first call of the step (with --script, run and schedule)."""
 
     def resolved_fraction(self) -> float:
         """The fraction to fit under (:func:`default_mem_fraction` when not given).

@@ -49,7 +49,7 @@ from jaxfit.fit.compiler import PROBE_DIR
 from jaxfit.fit.devices import visible_entry
 from jaxfit._probe.jaxfit_pin import GUARD_MARKER
 from jaxfit.errors import ConfigError
-from jaxfit.schedule.backends.local import LOST, Handle, LaunchSpec, Launcher, read_status_file
+from jaxfit.schedule.backends.local import DEFAULT_GRACE_SECONDS, LOST, Handle, LaunchSpec, Launcher, read_status_file
 from jaxfit.fit.pin import Pin, hook_environment, read_report
 from jaxfit.fit.pin import copy_to as copy_pin
 from jaxfit.schedule.queue_file import Queue
@@ -81,7 +81,7 @@ class ExecuteOptions:
     """
 
     poll_interval: float = 0.5
-    grace_seconds: float = 10.0
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
     monitor_interval: float = 2.0
     wandb_group: str | None = None
     cwd: str | None = None

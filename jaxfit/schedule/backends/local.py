@@ -23,6 +23,8 @@ from typing import Protocol
 
 from jaxfit.errors import ConfigError
 
+DEFAULT_GRACE_SECONDS = 10.0
+"""Seconds between SIGTERM and SIGKILL when a run is stopped."""
 RUNNER = str(Path(__file__).resolve().parents[2] / "_probe" / "jaxfit_runner.py")
 """The runner script every attempt is started under."""
 

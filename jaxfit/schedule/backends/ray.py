@@ -100,9 +100,9 @@ from pathlib import Path
 from typing import Any
 
 from jaxfit.errors import ConfigError
-from jaxfit.schedule.backends.local import RUNNER, LaunchSpec, _is_runner, _signal_group, read_status
+from jaxfit.schedule.backends.local import DEFAULT_GRACE_SECONDS, RUNNER, LaunchSpec, _is_runner, _signal_group, read_status
 
-GRACE_S = 10.0
+GRACE_S = DEFAULT_GRACE_SECONDS
 """Seconds a terminated attempt gets between SIGTERM and SIGKILL of its process group."""
 
 TASK_NUM_CPUS = 0

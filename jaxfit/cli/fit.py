@@ -1,0 +1,108 @@
+"""``jaxfit fit``: the largest batch under a fraction, or the smallest fraction for a batch."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import tyro
+from rich.console import Console
+
+from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, WandbMode, app, consoles, parsed
+from jaxfit.errors import JaxfitError
+from jaxfit.fit.options import FitOptions
+
+
+def overrides_of(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``--set KEY=VALUE`` pairs as a dict.
+
+    Raises:
+      JaxfitError: a pair without ``=``.
+    """
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise JaxfitError(f"--set {pair!r} must look like KEY=VALUE, e.g. --set n_layers=6")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@app.command(name="fit")
+def fit_command(
+    options: Annotated[FitOptions, Flat] = FitOptions(),
+    probe: Annotated[ScriptArgs, Flat] = ScriptArgs(),
+    example: str | None = None,
+    overrides: Annotated[tuple[str, ...], tyro.conf.arg(name="set"), tyro.conf.UseAppendAction] = (),
+    entry: str | None = None,
+    script: bool = False,
+    batch_size: int | None = None,
+    json: str | None = None,
+    quiet: bool = False,
+    wandb: bool = False,
+    wandb_mode: WandbMode | None = None,
+    wandb_project: str = "jaxfit",
+) -> None:
+    """Find the largest batch that fits a memory fraction (or, with --batch-size, the smallest fraction a batch needs) by compiling the train step, never running it.
+
+    Compiles run in a child process started with XLA_PYTHON_CLIENT_MEM_FRACTION set to the target
+    (XLA's peak depends on the limit it sees) and preallocation off, so jobs already on the GPU are
+    not disturbed. With no arguments: the built-in gpt-tiny example at fraction 0.45 (or
+    $XLA_PYTHON_CLIENT_MEM_FRACTION).
+
+    Args:
+        options: How to fit.
+        probe: With --script: how to find the train step.
+        example: Built-in example to fit (see `jaxfit examples`); default gpt-tiny.
+        overrides: Override a config key of the example, KEY=VALUE; repeatable (--set n_layers=6 --set dtype=bfloat16).
+        entry: Your own workload: package.module:function returning a jaxfit.Workload (imported from the current directory).
+        script: Fit the train step inside an unmodified training script given after --, e.g. `jaxfit fit --script -- python scripts/train.py debug --exp-name=x`. The script runs (in its own environment, under the target fraction) up to its first call of the jitted step, which is compiled instead of run; then it is stopped.
+        batch_size: Inverse question: the smallest fraction (to 0.01) that this batch needs.
+        json: Also write the result as JSON to this file.
+        quiet: Print only the answer line.
+        wandb: Log the fit as its own Weights & Biases run (settings in its config, candidates as a table).
+        wandb_mode: online, offline or disabled; default $WANDB_MODE, else online with credentials and offline without.
+        wandb_project: The W&B project of --wandb.
+    """
+    parsed()
+    from jaxfit.fit import fit_batch, fit_fraction
+    from jaxfit.cli.output import print_result
+    from jaxfit.files import check_writable, write_json
+    from jaxfit.fit.sources import ScriptSource, entry_source, example_source
+
+    if sum(bool(x) for x in (example, entry, script)) > 1:
+        raise JaxfitError("give one of --example, --entry or --script")
+    if COMMAND and not script:
+        raise JaxfitError("a command after -- needs --script (or use `jaxfit run`)")
+    if entry and overrides:
+        raise JaxfitError("--set applies to built-in examples only; configure an --entry in its own code")
+    if json:
+        check_writable(json)
+    if script:
+        source = probe.source()
+    elif entry:
+        source = entry_source(entry)
+    else:
+        from jaxfit.examples import DEFAULT_EXAMPLE
+
+        source = example_source(example or DEFAULT_EXAMPLE, overrides_of(overrides))
+    options.validate()
+    if batch_size is None:
+        options.grid()
+    out, progress = consoles(quiet)
+    if batch_size is None:
+        result = fit_batch(source, options, progress=progress)
+    else:
+        result = fit_fraction(source, batch_size, options, progress=progress)
+    if json:
+        write_json(json, result.to_dict())
+    command = list(source.run_command) if isinstance(source, ScriptSource) else None
+    batch_flag = source.batch_flag if isinstance(source, ScriptSource) else "--batch-size"
+    if quiet:
+        out.print(result.message, highlight=False)
+    else:
+        print_result(result, out, command, batch_flag)
+    if wandb:
+        from jaxfit.run.tracking import log_fit
+
+        where = log_fit(result, mode=wandb_mode, project=wandb_project)
+        Console(stderr=True).print(f"[dim]logged to Weights & Biases: {where}[/]")
