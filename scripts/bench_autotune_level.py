@@ -38,16 +38,40 @@ def main() -> int:
                 env["JAXFIT_AUTOTUNE_LEVEL"] = level
             path = args.out / f"{example}-{fraction}-level-{level}.json"
             started = time.time()
-            proc = subprocess.run([sys.executable, "-m", "jaxfit.cli", "fit", "--example", example, *sets,
-                                   "--mem-fraction", str(fraction), "--json", str(path), "--quiet"],
-                                  capture_output=True, text=True, env=env, cwd=REPO)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "jaxfit.cli",
+                    "fit",
+                    "--example",
+                    example,
+                    *sets,
+                    "--mem-fraction",
+                    str(fraction),
+                    "--json",
+                    str(path),
+                    "--quiet",
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=REPO,
+            )
             wall = time.time() - started
             fit = json.loads(path.read_text()) if path.exists() else {}
             tuned = {c["batch_size"]: c["peak_bytes"] for c in fit.get("candidates", []) if c["autotuned"]}
-            row = {"example": example, "fraction": fraction, "level": level, "exit_code": proc.returncode,
-                   "wall_seconds": round(wall, 1), "batch_size": fit.get("batch_size"),
-                   "fit_wall_seconds": fit.get("wall_seconds"), "tuned_peaks": tuned,
-                   "stderr_tail": proc.stderr[-800:]}
+            row = {
+                "example": example,
+                "fraction": fraction,
+                "level": level,
+                "exit_code": proc.returncode,
+                "wall_seconds": round(wall, 1),
+                "batch_size": fit.get("batch_size"),
+                "fit_wall_seconds": fit.get("wall_seconds"),
+                "tuned_peaks": tuned,
+                "stderr_tail": proc.stderr[-800:],
+            }
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "stderr_tail"}), flush=True)
             with open(args.out / "raw.jsonl", "a") as f:

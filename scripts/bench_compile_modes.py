@@ -36,8 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-FAST_CODEGEN = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
-                "xla_gpu_disable_gpuasm_optimizations": True}
+FAST_CODEGEN = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_gpu_disable_gpuasm_optimizations": True,
+}
 
 
 def options_for(mode: str) -> dict:
@@ -55,8 +58,7 @@ def options_for(mode: str) -> dict:
 
 def peak_of(compiled) -> int:
     ma = compiled.memory_analysis()
-    return int(ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
-               + ma.temp_size_in_bytes)
+    return int(ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes)
 
 
 def build(example: str, sets: list[str]):
@@ -95,8 +97,11 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--batch", type=int, required=True, help="the first batch; each mode uses fresh ones above it")
     p.add_argument("--out", type=Path)
-    p.add_argument("--modes", default="lower,untuned,tuned,tuned-repeat,untuned-fastcg,untuned-threads-4,"
-                                      "untuned-fastcg-threads-4,tuned-threads-4,tuned-procs-4")
+    p.add_argument(
+        "--modes",
+        default="lower,untuned,tuned,tuned-repeat,untuned-fastcg,untuned-threads-4,"
+        "untuned-fastcg-threads-4,tuned-threads-4,tuned-procs-4",
+    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="tuned", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -108,9 +113,14 @@ def main() -> int:
     import jax
 
     device = jax.devices()[0]
-    base = {"example": args.example, "set": args.set, "device": device.device_kind,
-            "fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"), "jax": jax.__version__,
-            "bytes_limit": (device.memory_stats() or {}).get("bytes_limit")}
+    base = {
+        "example": args.example,
+        "set": args.set,
+        "device": device.device_kind,
+        "fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+        "jax": jax.__version__,
+        "bytes_limit": (device.memory_stats() or {}).get("bytes_limit"),
+    }
     print(json.dumps(dict(base, mode="startup", seconds=round(time.perf_counter() - t0, 3))), flush=True)
     next_batch = args.batch
     last_tuned = None
@@ -131,7 +141,10 @@ def main() -> int:
     for mode in args.modes.split(","):
         start = time.perf_counter()
         if mode == "lower":
-            rows = [{"batch": b, "lower_s": round(_timed(lambda: workload.lower(b)), 3)} for b in (args.batch, args.batch + 1)]
+            rows = [
+                {"batch": b, "lower_s": round(_timed(lambda: workload.lower(b)), 3)}
+                for b in (args.batch, args.batch + 1)
+            ]
         elif mode == "tuned-repeat":
             if last_tuned is None:
                 continue
@@ -144,10 +157,25 @@ def main() -> int:
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 rows = list(pool.map(lambda b: compile_one(workload, b, kind, lowered[b]), batches))
         elif mode == "tuned-procs-4":
-            procs = [subprocess.Popen([sys.executable, __file__, "--one", "--example", args.example,
-                                       *sum((["--set", s] for s in args.set), []), "--batch", str(b),
-                                       "--mode", "tuned"], stdout=subprocess.PIPE, text=True)
-                     for b in fresh(4)]
+            procs = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--one",
+                        "--example",
+                        args.example,
+                        *sum((["--set", s] for s in args.set), []),
+                        "--batch",
+                        str(b),
+                        "--mode",
+                        "tuned",
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for b in fresh(4)
+            ]
             rows = []
             for proc in procs:
                 out, _ = proc.communicate()

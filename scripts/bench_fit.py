@@ -46,15 +46,21 @@ WORKLOADS: dict[str, tuple[str, dict[str, str], float]] = {
 # The same budgets on an H100 80GB (CUDA total 81,080 MiB vs the H200's 143,160 MiB): the same
 # answers, so rows measured on either card describe the same question. The MLP's 0.008 leaves less
 # than batch 1 needs on an H100; 0.014 was measured there instead.
-H100_FRACTIONS = {"gpt-small-fp32": 0.212, "gpt-small-bf16-remat": 0.0706, "vit-small-fp32": 0.0177,
-                  "mlp-fp32": 0.014, "gpt-tiny-fp32": 0.0177}
+H100_FRACTIONS = {
+    "gpt-small-fp32": 0.212,
+    "gpt-small-bf16-remat": 0.0706,
+    "vit-small-fp32": 0.0177,
+    "mlp-fp32": 0.014,
+    "gpt-tiny-fp32": 0.0177,
+}
 
 
 def gpu_name() -> str:
     """The first GPU's name according to nvidia-smi ("" without one)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout
     except OSError:
         return ""
     return out.strip().splitlines()[0] if out.strip() else ""
@@ -65,6 +71,8 @@ def fraction_for(name: str, device: str, override: float | None) -> float:
     if override:
         return override
     return H100_FRACTIONS[name] if "H100" in device else WORKLOADS[name][2]
+
+
 TRIAL_MARK = "JAXFIT_TRIAL "
 
 
@@ -72,11 +80,16 @@ def trial_main(args: argparse.Namespace) -> int:
     """One trial: real state, 3 real steps at one batch, in this (fresh) process."""
     import jax
 
+    from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
     from jaxfit.examples import (
-        abstract_state, init_state, load_config, make_optimizer, make_train_step, synthetic_batch,
+        abstract_state,
+        init_state,
+        load_config,
+        make_optimizer,
+        make_train_step,
+        synthetic_batch,
     )
     from jaxfit.fit.memory import analyse
-    from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
 
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cfg = load_config(args.example, overrides)
@@ -94,8 +107,9 @@ def trial_main(args: argparse.Namespace) -> int:
             state, metrics = compiled(state, batch)
         loss = float(jax.block_until_ready(metrics["loss"]))
         stats = jax.devices()[0].memory_stats() or {}
-        record.update(ok=True, loss=loss, peak_bytes_in_use=stats.get("peak_bytes_in_use"),
-                      bytes_limit=stats.get("bytes_limit"))
+        record.update(
+            ok=True, loss=loss, peak_bytes_in_use=stats.get("peak_bytes_in_use"), bytes_limit=stats.get("bytes_limit")
+        )
     except Exception as e:  # the trial's answer, not a crash of the benchmark
         message = f"{type(e).__name__}: {e}"
         record.update(ok=False, oom=is_out_of_memory(message), error=message.splitlines()[0][:300])
@@ -116,13 +130,19 @@ def run_trial(example: str, overrides: dict[str, str], fraction: float, batch: i
     wall = time.perf_counter() - start
     for line in proc.stdout.splitlines():
         if line.startswith(TRIAL_MARK):
-            record = json.loads(line[len(TRIAL_MARK):])
+            record = json.loads(line[len(TRIAL_MARK) :])
             record["process_wall_s"] = round(wall, 3)
             return record
     # A crash (not a clean OOM exception) counts as a failed trial; keep its tail for the record.
     tail = (proc.stderr or "").strip().splitlines()[-3:]
-    return {"batch": batch, "ok": False, "oom": "RESOURCE_EXHAUSTED" in proc.stderr, "crash": True,
-            "error": " | ".join(tail)[:300], "process_wall_s": round(wall, 3)}
+    return {
+        "batch": batch,
+        "ok": False,
+        "oom": "RESOURCE_EXHAUSTED" in proc.stderr,
+        "crash": True,
+        "error": " | ".join(tail)[:300],
+        "process_wall_s": round(wall, 3),
+    }
 
 
 def trial_search(example: str, overrides: dict[str, str], fraction: float, log, journal: Path | None = None) -> dict:
@@ -145,14 +165,29 @@ def trial_search(example: str, overrides: dict[str, str], fraction: float, log, 
 
     start = time.perf_counter()
     result = doubling_bisection(evaluate, Grid(1, 4096))
-    return {"true_max": result.answer, "trials": len(trials), "trial_wall_s": round(time.perf_counter() - start, 3),
-            "trial_records": trials}
+    return {
+        "true_max": result.answer,
+        "trials": len(trials),
+        "trial_wall_s": round(time.perf_counter() - start, 3),
+        "trial_records": trials,
+    }
 
 
 def jaxfit_fit(example: str, overrides: dict[str, str], fraction: float, cache_dir: str, out: Path) -> dict:
     """``jaxfit fit`` as a user types it; wall time includes the child process start."""
-    cmd = [sys.executable, "-m", "jaxfit.cli", "fit", "--example", example, "--mem-fraction", str(fraction),
-           "--json", str(out), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxfit.cli",
+        "fit",
+        "--example",
+        example,
+        "--mem-fraction",
+        str(fraction),
+        "--json",
+        str(out),
+        "--quiet",
+    ]
     for k, v in overrides.items():
         cmd += ["--set", f"{k}={v}"]
     env = dict(os.environ, JAXFIT_CACHE_DIR=cache_dir)
@@ -179,13 +214,20 @@ def run_main(args: argparse.Namespace) -> int:
         example, overrides, _ = WORKLOADS[name]
         fraction = fraction_for(name, device, args.fraction)
         log(f"== {name}: {example} {overrides} at fraction {fraction} on {device or 'no GPU'}")
-        record = {"workload": name, "example": example, "overrides": overrides, "mem_fraction": fraction,
-                  "device": device}
+        record = {
+            "workload": name,
+            "example": example,
+            "overrides": overrides,
+            "mem_fraction": fraction,
+            "device": device,
+        }
         if not args.trials_only:
             with tempfile.TemporaryDirectory() as cache_dir:
                 cold = jaxfit_fit(example, overrides, fraction, cache_dir, out_dir / f"{name}.fit.json")
-                log(f"  jaxfit cold: {cold.get('result', {}).get('batch_size')} in {cold['wall_s']:.1f} s"
-                    + ("" if cold["ok"] else f": {cold['error']}"))
+                log(
+                    f"  jaxfit cold: {cold.get('result', {}).get('batch_size')} in {cold['wall_s']:.1f} s"
+                    + ("" if cold["ok"] else f": {cold['error']}")
+                )
                 warm = jaxfit_fit(example, overrides, fraction, cache_dir, out_dir / f"{name}.fit-cached.json")
                 log(f"  jaxfit cached: {warm['wall_s']:.2f} s")
             record.update(jaxfit_cold=cold, jaxfit_cached={k: v for k, v in warm.items() if k != "result"})
@@ -228,8 +270,10 @@ def table_main(args: argparse.Namespace) -> int:
                 at = [t for t in truth[-1].get("trial_records", []) if t["batch"] == answer]
                 row["at_answer"] = at[0] if at else {}
         rows.append(row)
-    print("| workload | fraction | budget MiB | true max (trials) | trials | trial s | jaxfit answer | compiles | rounds "
-          "| jaxfit s | jaxfit / trials | cached s | predicted peak MiB | measured peak MiB | OOM at answer | device |")
+    print(
+        "| workload | fraction | budget MiB | true max (trials) | trials | trial s | jaxfit answer | compiles | rounds "
+        "| jaxfit s | jaxfit / trials | cached s | predicted peak MiB | measured peak MiB | OOM at answer | device |"
+    )
     print("|" + " --- |" * 16)
     for r in rows:
         cold = r["jaxfit_cold"]
@@ -255,8 +299,11 @@ def main() -> int:
     p.add_argument("--only", nargs="*", choices=list(WORKLOADS))
     p.add_argument("--skip-trials", action="store_true", help="time jaxfit only (no ground truth)")
     p.add_argument("--trials-only", action="store_true", help="the ground truth only (no jaxfit)")
-    p.add_argument("--fraction", type=float,
-                   help="override the workloads' fractions (default: the H200's, or the same budgets on an H100)")
+    p.add_argument(
+        "--fraction",
+        type=float,
+        help="override the workloads' fractions (default: the H200's, or the same budgets on an H100)",
+    )
     p = sub.add_parser("table", help="render raw.jsonl files as a markdown table (later records win)")
     p.add_argument("raw", nargs="+")
     p = sub.add_parser("trial", help="internal: one trial in this process")

@@ -62,8 +62,14 @@ def trial_main(args: argparse.Namespace) -> int:
     import jax
 
     from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
-    from jaxfit.examples import abstract_state, init_state, load_config, make_optimizer, make_train_step
-    from jaxfit.examples import synthetic_batch
+    from jaxfit.examples import (
+        abstract_state,
+        init_state,
+        load_config,
+        make_optimizer,
+        make_train_step,
+        synthetic_batch,
+    )
     from jaxfit.fit.memory import analyse
 
     cfg = load_config(args.example, dict(kv.split("=", 1) for kv in args.set))
@@ -87,8 +93,9 @@ def trial_main(args: argparse.Namespace) -> int:
                 record["first_step_at"] = time.time()
         loss = float(jax.block_until_ready(metrics["loss"]))
         stats = jax.devices()[0].memory_stats() or {}
-        record.update(ok=True, loss=loss, peak_bytes_in_use=stats.get("peak_bytes_in_use"),
-                      bytes_limit=stats.get("bytes_limit"))
+        record.update(
+            ok=True, loss=loss, peak_bytes_in_use=stats.get("peak_bytes_in_use"), bytes_limit=stats.get("bytes_limit")
+        )
     except Exception as e:  # the trial's answer, not a crash of the benchmark
         message = f"{type(e).__name__}: {e}"
         record.update(ok=False, oom=is_out_of_memory(message), error=message.splitlines()[0][:300])
@@ -97,7 +104,9 @@ def trial_main(args: argparse.Namespace) -> int:
 
 
 def _env(fit: dict | None, report: Path | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_PIN") and k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_PIN") and k != "XLA_PYTHON_CLIENT_PREALLOCATE"
+    }
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if fit is not None:
         env.update(fit["env"])
@@ -107,8 +116,9 @@ def _env(fit: dict | None, report: Path | None) -> dict[str, str]:
     return env
 
 
-def run_trial(example: str, overrides: dict[str, str], fraction: float, batch: int, fit: dict | None,
-              folder: Path) -> dict:
+def run_trial(
+    example: str, overrides: dict[str, str], fraction: float, batch: int, fit: dict | None, folder: Path
+) -> dict:
     """A fresh training process at ``batch``; pinned when ``fit`` (its env) is given."""
     report = folder / f"report-{time.time_ns()}.json"
     env = _env(fit, report if fit else None)
@@ -119,17 +129,25 @@ def run_trial(example: str, overrides: dict[str, str], fraction: float, batch: i
         cmd += ["--set", f"{k}={v}"]
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    record: dict = {"batch": batch, "ok": False, "crash": True, "error": " | ".join(proc.stderr.strip().splitlines()[-3:])[:300]}
+    record: dict = {
+        "batch": batch,
+        "ok": False,
+        "crash": True,
+        "error": " | ".join(proc.stderr.strip().splitlines()[-3:])[:300],
+    }
     for line in proc.stdout.splitlines():
         if line.startswith(MARK):
-            record = json.loads(line[len(MARK):])
+            record = json.loads(line[len(MARK) :])
     record["process_wall_s"] = round(time.time() - start, 3)
     if "first_step_at" in record:
         record["time_to_first_step_s"] = round(record.pop("first_step_at") - start, 3)
     if report.exists():
         hook = json.loads(report.read_text())
-        record.update(program_pinned=hook["program_pinned"], program_peak_bytes=hook["program_peak_bytes"],
-                      pin_reason=hook["reason"])
+        record.update(
+            program_pinned=hook["program_pinned"],
+            program_peak_bytes=hook["program_peak_bytes"],
+            pin_reason=hook["reason"],
+        )
     elif fit:
         record.update(program_pinned=False, pin_reason="no report (the hook did not run)")
     else:
@@ -137,23 +155,43 @@ def run_trial(example: str, overrides: dict[str, str], fraction: float, batch: i
     return record
 
 
-def script_trial(config: str, fraction: float, batch: int, fit: dict | None, folder: Path, *,
-                 through_run: bool) -> dict:
+def script_trial(
+    config: str, fraction: float, batch: int, fit: dict | None, folder: Path, *, through_run: bool
+) -> dict:
     """``scripts/train.py CONFIG`` for 3 steps at ``batch``.
 
     ``through_run``: the whole user flow, ``jaxfit run`` (it fits again, then runs pinned); else by
     hand with the environment ``jaxfit fit`` printed (``fit``'s ``env``: pinned), or with the
     fraction alone (``fit`` None: not pinned). The hook's report says which program ran.
     """
-    train = [sys.executable, str(REPO / "scripts" / "train.py"), config, f"--exp-name=bench-{time.time_ns()}",
-             f"--checkpoint-base-dir={folder / 'ck'}", "--num-train-steps=3", "--log-interval=1",
-             "--save-interval=1000000", "--no-wandb-enabled"]
+    train = [
+        sys.executable,
+        str(REPO / "scripts" / "train.py"),
+        config,
+        f"--exp-name=bench-{time.time_ns()}",
+        f"--checkpoint-base-dir={folder / 'ck'}",
+        "--num-train-steps=3",
+        "--log-interval=1",
+        "--save-interval=1000000",
+        "--no-wandb-enabled",
+    ]
     report = folder / f"report-{time.time_ns()}.json"
     start = time.time()
     if through_run:
-        cmd = [sys.executable, "-m", "jaxfit.cli", "run", "--mem-fraction", str(fraction), "--json",
-               str(folder / "run.json"), "--quiet", f"--probe-arg=--checkpoint-base-dir={folder / 'probe'}", "--",
-               *train]
+        cmd = [
+            sys.executable,
+            "-m",
+            "jaxfit.cli",
+            "run",
+            "--mem-fraction",
+            str(fraction),
+            "--json",
+            str(folder / "run.json"),
+            "--quiet",
+            f"--probe-arg=--checkpoint-base-dir={folder / 'probe'}",
+            "--",
+            *train,
+        ]
         env = _env(None, None)
     else:
         cmd = [*train, f"--batch-size={batch}"]
@@ -161,8 +199,13 @@ def script_trial(config: str, fraction: float, batch: int, fit: dict | None, fol
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(fraction)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     out = proc.stdout + proc.stderr
-    record: dict = {"batch": batch, "ok": proc.returncode == 0, "oom": "RESOURCE_EXHAUSTED" in out,
-                    "process_wall_s": round(time.time() - start, 3), "through_run": through_run}
+    record: dict = {
+        "batch": batch,
+        "ok": proc.returncode == 0,
+        "oom": "RESOURCE_EXHAUSTED" in out,
+        "process_wall_s": round(time.time() - start, 3),
+        "through_run": through_run,
+    }
     if proc.returncode != 0:
         record["error"] = " | ".join(out.strip().splitlines()[-3:])[:300]
     for line in out.splitlines():
@@ -170,8 +213,11 @@ def script_trial(config: str, fraction: float, batch: int, fit: dict | None, fol
             record["peak_bytes_in_use"] = int(line.split("=")[1].split()[0])
     if through_run and (folder / "run.json").exists():
         run = json.loads((folder / "run.json").read_text())
-        record.update(program_pinned=run.get("program_pinned"), batch=run.get("batch_size"),
-                      program_peak_bytes=run.get("run", {}).get("program_peak_bytes"))
+        record.update(
+            program_pinned=run.get("program_pinned"),
+            batch=run.get("batch_size"),
+            program_peak_bytes=run.get("run", {}).get("program_peak_bytes"),
+        )
     elif report.exists():
         hook = json.loads(report.read_text())
         record.update(program_pinned=hook["program_pinned"], program_peak_bytes=hook["program_peak_bytes"])
@@ -189,8 +235,11 @@ def run_main(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     try:
-        device = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                text=True).stdout.strip().splitlines()[0]
+        device = (
+            subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except (OSError, IndexError):
         device = "cpu"
     cache = tempfile.mkdtemp(prefix="jaxfit-bench-pin-")
@@ -201,12 +250,39 @@ def run_main(args: argparse.Namespace) -> int:
         log(f"== {name} at fraction {fraction} on {device}")
         folder = Path(tempfile.mkdtemp(prefix=f"bench-pin-{name}-"))
         if name in SCRIPTS:
-            cmd = [sys.executable, "-m", "jaxfit.cli", "fit", "--script", "--mem-fraction", str(fraction), "--json",
-                   str(out / f"{name}.fit.json"), "--quiet", "--", sys.executable, str(REPO / "scripts" / "train.py"),
-                   example, "--exp-name=bench-fit", "--no-wandb-enabled", f"--checkpoint-base-dir={folder / 'probe'}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "jaxfit.cli",
+                "fit",
+                "--script",
+                "--mem-fraction",
+                str(fraction),
+                "--json",
+                str(out / f"{name}.fit.json"),
+                "--quiet",
+                "--",
+                sys.executable,
+                str(REPO / "scripts" / "train.py"),
+                example,
+                "--exp-name=bench-fit",
+                "--no-wandb-enabled",
+                f"--checkpoint-base-dir={folder / 'probe'}",
+            ]
         else:
-            cmd = [sys.executable, "-m", "jaxfit.cli", "fit", "--example", example, "--mem-fraction", str(fraction),
-                   "--json", str(out / f"{name}.fit.json"), "--quiet"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "jaxfit.cli",
+                "fit",
+                "--example",
+                example,
+                "--mem-fraction",
+                str(fraction),
+                "--json",
+                str(out / f"{name}.fit.json"),
+                "--quiet",
+            ]
             for k, v in overrides.items():
                 cmd += ["--set", f"{k}={v}"]
         start = time.time()
@@ -216,32 +292,48 @@ def run_main(args: argparse.Namespace) -> int:
             log(f"  fit failed: {proc.stderr.strip()[-400:]}")
             continue
         fit = json.loads((out / f"{name}.fit.json").read_text())
-        log(f"  fit: batch {fit['batch_size']}, peak {fit['peak_bytes']:,} of budget {fit['budget_bytes']:,} "
-            f"({fit_s:.0f} s), pinned={bool(fit['pin'])}")
+        log(
+            f"  fit: batch {fit['batch_size']}, peak {fit['peak_bytes']:,} of budget {fit['budget_bytes']:,} "
+            f"({fit_s:.0f} s), pinned={bool(fit['pin'])}"
+        )
         trials = []
         if name in SCRIPTS:  # the whole flow once: jaxfit run fits again and runs pinned
             t = script_trial(example, fraction, fit["batch_size"], None, folder, through_run=True)
             t.update(with_pin=True, index=-1)
             trials.append(t)
-            log(f"  jaxfit run: {'ok' if t['ok'] else 'FAILED'} batch {t.get('batch')} pinned={t.get('program_pinned')}"
-                f" measured {t.get('peak_bytes_in_use')}")
+            log(
+                f"  jaxfit run: {'ok' if t['ok'] else 'FAILED'} batch {t.get('batch')} pinned={t.get('program_pinned')}"
+                f" measured {t.get('peak_bytes_in_use')}"
+            )
         for pinned in (True, False):
             for i in range(args.trials):
                 if name in SCRIPTS:
-                    t = script_trial(example, fraction, fit["batch_size"], fit if pinned else None, folder,
-                                     through_run=False)
+                    t = script_trial(
+                        example, fraction, fit["batch_size"], fit if pinned else None, folder, through_run=False
+                    )
                 else:
                     t = run_trial(example, overrides, fraction, fit["batch_size"], fit if pinned else None, folder)
                 t.update(with_pin=pinned, index=i)
                 trials.append(t)
-                log(f"  {'pinned' if pinned else 'plain '} {i}: {'ok' if t['ok'] else 'OOM' if t.get('oom') else 'FAILED'}"
+                log(
+                    f"  {'pinned' if pinned else 'plain '} {i}: {'ok' if t['ok'] else 'OOM' if t.get('oom') else 'FAILED'}"
                     f" program {t.get('program_peak_bytes')} measured {t.get('peak_bytes_in_use')} "
-                    f"pinned={t.get('program_pinned')} first step {t.get('time_to_first_step_s')} s")
-        record = {"workload": name, "example": example, "overrides": overrides, "mem_fraction": fraction,
-                  "device": device, "batch_size": fit["batch_size"], "proven_peak_bytes": fit["peak_bytes"],
-                  "budget_bytes": fit["budget_bytes"], "limit_bytes": fit["limit_bytes"],
-                  "pinned_peak_bytes": (fit["pin"] or {}).get("peak_bytes"), "fit_wall_s": round(fit_s, 1),
-                  "trials": trials}
+                    f"pinned={t.get('program_pinned')} first step {t.get('time_to_first_step_s')} s"
+                )
+        record = {
+            "workload": name,
+            "example": example,
+            "overrides": overrides,
+            "mem_fraction": fraction,
+            "device": device,
+            "batch_size": fit["batch_size"],
+            "proven_peak_bytes": fit["peak_bytes"],
+            "budget_bytes": fit["budget_bytes"],
+            "limit_bytes": fit["limit_bytes"],
+            "pinned_peak_bytes": (fit["pin"] or {}).get("peak_bytes"),
+            "fit_wall_s": round(fit_s, 1),
+            "trials": trials,
+        }
         with raw.open("a") as f:
             f.write(json.dumps(record) + "\n")
     return 0
@@ -249,9 +341,11 @@ def run_main(args: argparse.Namespace) -> int:
 
 def table_main(args: argparse.Namespace) -> int:
     records = [json.loads(line) for raw in args.raw for line in Path(raw).read_text().splitlines() if line.strip()]
-    print("| workload | fraction | limit | batch | proven peak | with pin: OOM, runs pinned | with pin: program "
-          "| with pin: measured peak | plain: OOM | plain: program peaks (vs proven) | plain: measured peak "
-          "| first step with pin / plain (s) |")
+    print(
+        "| workload | fraction | limit | batch | proven peak | with pin: OOM, runs pinned | with pin: program "
+        "| with pin: measured peak | plain: OOM | plain: program peaks (vs proven) | plain: measured peak "
+        "| first step with pin / plain (s) |"
+    )
     print("|" + " --- |" * 12)
 
     def spread(values: list, base: int) -> str:
@@ -269,14 +363,16 @@ def table_main(args: argparse.Namespace) -> int:
             got = [t["time_to_first_step_s"] for t in ts if t.get("time_to_first_step_s")]
             return f"{statistics.median(got):.1f}" if got else "-"
 
-        print(f"| {r['workload']} | {r['mem_fraction']} | {r['limit_bytes']:,} | {r['batch_size']} | {proven:,} "
-              f"| {sum(1 for t in pinned if not t['ok'])} OOM, {sum(1 for t in pinned if t.get('program_pinned'))}"
-              f"/{len(pinned)} pinned | {spread([t.get('program_peak_bytes') for t in pinned], proven)} "
-              f"| {spread([t.get('peak_bytes_in_use') for t in pinned], proven)} "
-              f"| {sum(1 for t in plain if not t['ok'])} / {len(plain)} "
-              f"| {spread([t.get('program_peak_bytes') for t in plain], proven)} "
-              f"| {spread([t.get('peak_bytes_in_use') for t in plain], proven)} "
-              f"| {first(pinned)} / {first(plain)} |")
+        print(
+            f"| {r['workload']} | {r['mem_fraction']} | {r['limit_bytes']:,} | {r['batch_size']} | {proven:,} "
+            f"| {sum(1 for t in pinned if not t['ok'])} OOM, {sum(1 for t in pinned if t.get('program_pinned'))}"
+            f"/{len(pinned)} pinned | {spread([t.get('program_peak_bytes') for t in pinned], proven)} "
+            f"| {spread([t.get('peak_bytes_in_use') for t in pinned], proven)} "
+            f"| {sum(1 for t in plain if not t['ok'])} / {len(plain)} "
+            f"| {spread([t.get('program_peak_bytes') for t in plain], proven)} "
+            f"| {spread([t.get('peak_bytes_in_use') for t in plain], proven)} "
+            f"| {first(pinned)} / {first(plain)} |"
+        )
     return 0
 
 

@@ -36,13 +36,20 @@ sys.path.insert(0, str(REPO))
 
 from jaxfit.schedule.monitor import gpu_peaks  # noqa: E402
 from jaxfit.schedule.state import StateStore  # noqa: E402
+
 TRAIN = [sys.executable, "scripts/train.py"]
 COMMON = ["--no-wandb-enabled", "--overwrite", "--checkpoint-base-dir=/tmp/jaxfit-bench-ck", "--save-interval=100000"]
 
 EXPERIMENTS: list[dict] = [
     {"name": "gpt-small-fp32", "config": "gpt_small", "steps": 200, "batch": 8, "fraction": "auto", "priority": 1},
-    {"name": "gpt-small-bf16-remat", "config": "gpt_small_bf16_remat", "steps": 150, "batch": "auto",
-     "fraction": 0.06, "global_batch": 32},
+    {
+        "name": "gpt-small-bf16-remat",
+        "config": "gpt_small_bf16_remat",
+        "steps": 150,
+        "batch": "auto",
+        "fraction": 0.06,
+        "global_batch": 32,
+    },
     {"name": "vit-small", "config": "vit_small", "steps": 200, "batch": 64, "fraction": 0.1},
     {"name": "gpt-tiny-share", "config": "debug", "steps": 3000, "batch": "auto", "fraction": "auto"},
     {"name": "vit-tiny", "config": "debug_vit", "steps": 3000, "batch": 256, "fraction": "auto"},
@@ -64,10 +71,22 @@ def write_queue(out: Path) -> Path:
     experiments = []
     for e in EXPERIMENTS:
         steps = max(2, e["steps"] // 100) if SMOKE else e["steps"]
-        command = [*TRAIN, e["config"], f"--exp-name={e['name']}", f"--num-train-steps={steps}",
-                   "--log-interval=50", *COMMON]
-        entry = {"name": e["name"], "command": command, "batch": e["batch"], "fraction": e["fraction"],
-                 "retries": 1, "timeout": "15m"}
+        command = [
+            *TRAIN,
+            e["config"],
+            f"--exp-name={e['name']}",
+            f"--num-train-steps={steps}",
+            "--log-interval=50",
+            *COMMON,
+        ]
+        entry = {
+            "name": e["name"],
+            "command": command,
+            "batch": e["batch"],
+            "fraction": e["fraction"],
+            "retries": 1,
+            "timeout": "15m",
+        }
         for key in ("global_batch", "priority"):
             if key in e:
                 entry[key] = e[key]
@@ -85,16 +104,26 @@ def _env(out: Path) -> dict[str, str]:
 def _jaxfit(out: Path, *args: str, log: str) -> tuple[int, float]:
     started = time.time()
     with open(out / log, "w") as f:
-        code = subprocess.call([sys.executable, "-m", "jaxfit.cli", *args], stdout=f, stderr=subprocess.STDOUT,
-                               env=_env(out), cwd=REPO)
+        code = subprocess.call(
+            [sys.executable, "-m", "jaxfit.cli", *args], stdout=f, stderr=subprocess.STDOUT, env=_env(out), cwd=REPO
+        )
     return code, time.time() - started
 
 
 def plan_main(out: Path) -> int:
     queue = write_queue(out)
-    code, wall = _jaxfit(out, "schedule", str(queue), *_logical(), "--dry-run", "--json", str(out / "plan.json"),
-                         f"--max-batch={MAX_BATCH}", "--probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe",
-                         log="plan.log")
+    code, wall = _jaxfit(
+        out,
+        "schedule",
+        str(queue),
+        *_logical(),
+        "--dry-run",
+        "--json",
+        str(out / "plan.json"),
+        f"--max-batch={MAX_BATCH}",
+        "--probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe",
+        log="plan.log",
+    )
     (out / "plan_meta.json").write_text(json.dumps({"exit_code": code, "wall_seconds": wall}))
     print(f"plan: exit {code} in {wall:.1f} s")
     return code
@@ -103,9 +132,22 @@ def plan_main(out: Path) -> int:
 def packed_main(out: Path) -> int:
     queue = write_queue(out)
     plan = ["--plan", str(out / "plan.json")] if (out / "plan.json").exists() else []
-    code, wall = _jaxfit(out, "schedule", str(queue), *_logical(), *plan, "--json", str(out / "packed.json"), "--state-dir",
-                         str(out / "state"), f"--max-batch={MAX_BATCH}", "--monitor-interval=1", "--quiet",
-                         "--probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe", log="packed.log")
+    code, wall = _jaxfit(
+        out,
+        "schedule",
+        str(queue),
+        *_logical(),
+        *plan,
+        "--json",
+        str(out / "packed.json"),
+        "--state-dir",
+        str(out / "state"),
+        f"--max-batch={MAX_BATCH}",
+        "--monitor-interval=1",
+        "--quiet",
+        "--probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe",
+        log="packed.log",
+    )
     (out / "packed_meta.json").write_text(json.dumps({"exit_code": code, "wall_seconds": wall}))
     print(f"packed: exit {code} in {wall:.1f} s")
     return code
@@ -119,14 +161,19 @@ def sequential_main(out: Path) -> int:
         command = list(e["command"])
         for flag, value in (("--batch-size", e["batch_size"]), ("--grad-accum-steps", e["grad_accum_steps"])):
             command = [a for a in command if not a.startswith(flag + "=")] + [f"{flag}={value}"]
-        env = dict(_env(out), XLA_PYTHON_CLIENT_MEM_FRACTION=f"{e['mem_fraction']:g}",
-                   XLA_PYTHON_CLIENT_PREALLOCATE="true", CUDA_VISIBLE_DEVICES="0")
+        env = dict(
+            _env(out),
+            XLA_PYTHON_CLIENT_MEM_FRACTION=f"{e['mem_fraction']:g}",
+            XLA_PYTHON_CLIENT_PREALLOCATE="true",
+            CUDA_VISIBLE_DEVICES="0",
+        )
         started = time.time()
         log = out / f"sequential-{e['name']}.log"
         with open(log, "w") as f:
             code = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        rows.append({"name": e["name"], "exit_code": code, "seconds": time.time() - started,
-                     "command": shlex.join(command)})
+        rows.append(
+            {"name": e["name"], "exit_code": code, "seconds": time.time() - started, "command": shlex.join(command)}
+        )
         print(f"sequential {e['name']}: exit {code} in {rows[-1]['seconds']:.1f} s", flush=True)
     (out / "sequential.json").write_text(json.dumps(rows, indent=2))
     return 0 if all(r["exit_code"] == 0 for r in rows) else 1
@@ -171,12 +218,16 @@ def table_main(out: Path) -> int:
         peak, limit = _peak_in_log(Path(e["log_path"]))
         predicted = runs[e["name"]]["peak_bytes"]
         cells = [
-            e["name"], f"{e['batch_size']} x {e['grad_accum_steps']}", f"{e['mem_fraction']:.2f}",
+            e["name"],
+            f"{e['batch_size']} x {e['grad_accum_steps']}",
+            f"{e['mem_fraction']:.2f}",
             f"{predicted / gib:.2f} GiB" if predicted else "(given)",
             f"{peak / gib:.2f} GiB of {limit / gib:.2f}" if peak else "n/a",
             f"{placements[e['name']]['need_bytes'] / gib:.2f} GiB",
             f"{proc_peaks[e['name']] / gib:.2f} GiB" if e["name"] in proc_peaks else "n/a",
-            f"{e['ended_at'] - e['started_at']:.1f}", f"{sequential[e['name']]['seconds']:.1f}", str(e["attempts"]),
+            f"{e['ended_at'] - e['started_at']:.1f}",
+            f"{sequential[e['name']]['seconds']:.1f}",
+            str(e["attempts"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     g = stored_plan["gpus"][0]
@@ -211,7 +262,8 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     return {"plan": plan_main, "packed": packed_main, "sequential": sequential_main, "table": table_main}[args.what](
-        args.out.resolve())
+        args.out.resolve()
+    )
 
 
 if __name__ == "__main__":

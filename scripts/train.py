@@ -124,12 +124,24 @@ class TrainConfig:
 # Every key listed is overridable on the command line (e.g. ``--model-overrides.dtype bfloat16``):
 # tyro turns a non-empty dict default into one flag per key.
 _DEBUG_GPT = {
-    "n_layers": "1", "d_model": "64", "n_heads": "2", "seq_len": "32", "vocab_size": "256",
-    "dtype": "float32", "remat": "false", "learning_rate": "3e-3",
+    "n_layers": "1",
+    "d_model": "64",
+    "n_heads": "2",
+    "seq_len": "32",
+    "vocab_size": "256",
+    "dtype": "float32",
+    "remat": "false",
+    "learning_rate": "3e-3",
 }
 _DEBUG_VIT = {
-    "image_size": "16", "patch_size": "4", "d_model": "64", "n_layers": "1", "n_heads": "2",
-    "dtype": "float32", "remat": "false", "learning_rate": "1e-3",
+    "image_size": "16",
+    "patch_size": "4",
+    "d_model": "64",
+    "n_layers": "1",
+    "n_heads": "2",
+    "dtype": "float32",
+    "remat": "false",
+    "learning_rate": "1e-3",
 }
 
 _CONFIGS = [
@@ -261,12 +273,8 @@ def init_train_state(config: TrainConfig, rng: jax.Array) -> TrainState:
 def abstract_train_state(config: TrainConfig, sharding: jax.sharding.Sharding) -> TrainState:
     """The train state's shapes and dtypes, every leaf placed with ``sharding``: nothing allocated."""
     _, (params, opt_state) = examples.abstract_state(model_config(config))
-    state = TrainState(
-        step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state
-    )
-    return jax.tree.map(
-        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), state
-    )
+    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state)
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), state)
 
 
 def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
@@ -480,9 +488,7 @@ def validate(config: TrainConfig) -> examples.ModelConfig:
     if config.keep_period is not None and config.keep_period < 1:
         raise UsageError(f"--keep-period={config.keep_period} must be 1 or more (or None)")
     if not config.exp_name or Path(config.exp_name).name != config.exp_name:
-        raise UsageError(
-            f"--exp-name={config.exp_name!r} must be a non-empty name without path separators"
-        )
+        raise UsageError(f"--exp-name={config.exp_name!r} must be a non-empty name without path separators")
     if config.fsdp_devices != 1:
         raise UsageError(
             f"--fsdp-devices={config.fsdp_devices} is not supported: this script replicates the "
@@ -494,8 +500,7 @@ def validate(config: TrainConfig) -> examples.ModelConfig:
     accum = config.grad_accum_steps
     if config.batch_size % devices:
         raise UsageError(
-            f"--batch-size={config.batch_size} is not divisible by the {devices} devices; use a "
-            f"multiple of {devices}"
+            f"--batch-size={config.batch_size} is not divisible by the {devices} devices; use a multiple of {devices}"
         )
     if config.batch_size % accum:
         raise UsageError(
@@ -529,8 +534,7 @@ def main(config: TrainConfig) -> None:
         fail(str(err))
 
     print(
-        "XLA_PYTHON_CLIENT_MEM_FRACTION="
-        + os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "unset"),
+        "XLA_PYTHON_CLIENT_MEM_FRACTION=" + os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "unset"),
         flush=True,
     )
     print(
@@ -573,9 +577,7 @@ def main(config: TrainConfig) -> None:
 
     def next_batch(step: int) -> Batch:
         """The batch of step ``step`` (deterministic, so a resumed run sees the same data)."""
-        batch = examples.synthetic_batch(
-            model_cfg, config.batch_size, jax.random.fold_in(data_rng, step)
-        )
+        batch = examples.synthetic_batch(model_cfg, config.batch_size, jax.random.fold_in(data_rng, step))
         return jax.device_put(batch, data_sharding)
 
     infos: list[dict[str, jax.Array]] = []
@@ -592,15 +594,12 @@ def main(config: TrainConfig) -> None:
         if step % config.log_interval == 0 or step == start_step + 1:
             means = {
                 key: float(value)
-                for key, value in jax.device_get(
-                    jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *infos)
-                ).items()
+                for key, value in jax.device_get(jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *infos)).items()
             }
             elapsed = time.perf_counter() - interval_start
             samples_per_second = interval_steps * config.batch_size / max(elapsed, 1e-9)
             print(
-                f"step {step}/{config.num_train_steps} loss {means['loss']:.3f} "
-                f"samples/s {samples_per_second:.1f}",
+                f"step {step}/{config.num_train_steps} loss {means['loss']:.3f} samples/s {samples_per_second:.1f}",
                 flush=True,
             )
             wandb.log({**means, "step": step, "samples_per_second": samples_per_second}, step=step)
@@ -615,13 +614,13 @@ def main(config: TrainConfig) -> None:
     checkpoint_manager.close()
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:  # GPU: what the run really used, against its limit
-        print(f"memory: peak_bytes_in_use={stats['peak_bytes_in_use']} bytes_limit={stats.get('bytes_limit')}",
-              flush=True)
+        print(
+            f"memory: peak_bytes_in_use={stats['peak_bytes_in_use']} bytes_limit={stats.get('bytes_limit')}", flush=True
+        )
     wandb.finish()
     if last_loss is None:
         print(
-            f"done: {config.num_train_steps} steps, already reached by the checkpoint; nothing "
-            "to train",
+            f"done: {config.num_train_steps} steps, already reached by the checkpoint; nothing to train",
             flush=True,
         )
     else:

@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from helpers import FIXTURES, REPO, error_line  # noqa: F401 - re-exported for fixtures below
 
 
 @pytest.fixture(autouse=True)
@@ -29,20 +27,15 @@ def run_cli(tmp_path):
 
     def run(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "jaxfit.cli", *args], capture_output=True, text=True,
-            cwd=cwd or tmp_path, env=dict(os.environ), timeout=timeout,
+            [sys.executable, "-m", "jaxfit.cli", *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd or tmp_path,
+            env=dict(os.environ),
+            timeout=timeout,
         )
 
     return run
-
-
-def error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """The one ``jaxfit: error:`` line of a failed command (exit code 2, no traceback)."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("jaxfit: error:")]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 OLD_JAX = ["jax[cpu]==0.5.0", "jaxtyping==0.2.36", "beartype==0.19.0"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import FIXTURES, REPO, error_line
+from helpers import FIXTURES, REPO, error_line
+
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 SHAPED = str(FIXTURES / "shaped_train.py")
 TRAIN = str(REPO / "scripts" / "train.py")
@@ -21,12 +23,40 @@ TRAIN = str(REPO / "scripts" / "train.py")
         (["fit", "--mem-fraction", "abc"], "--mem-fraction"),
         (["fit", "--no-such-flag"], "Unrecognized options: --no-such-flag; see jaxfit fit --help"),
         (["nosuch"], "Unrecognized options: nosuch; see jaxfit --help"),
-        (["run", "--global-batch", "0", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug", "--exp-name=x"],
-         "--global-batch 0 must be at least 1"),
-        (["run", "--batch-flag=--bs", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable,
-          str(FIXTURES / "mini_train.py")], "does not mention --bs; check the spelling of --bs"),
+        (
+            [
+                "run",
+                "--global-batch",
+                "0",
+                "--mem-fraction",
+                "0.3",
+                "--",
+                sys.executable,
+                TRAIN,
+                "debug",
+                "--exp-name=x",
+            ],
+            "--global-batch 0 must be at least 1",
+        ),
+        (
+            [
+                "run",
+                "--batch-flag=--bs",
+                "--batch-size",
+                "8",
+                "--mem-fraction",
+                "0.3",
+                "--",
+                sys.executable,
+                str(FIXTURES / "mini_train.py"),
+            ],
+            "does not mention --bs; check the spelling of --bs",
+        ),
         (["fit", "--batch-flag=bs", "--script", "--", sys.executable, SHAPED], "--batch-flag 'bs' must be a flag name"),
-        (["fit", "--json", "missing-folder/fit.json"], "--json missing-folder/fit.json: folder missing-folder does not"),
+        (
+            ["fit", "--json", "missing-folder/fit.json"],
+            "--json missing-folder/fit.json: folder missing-folder does not",
+        ),
     ],
 )
 def test_bad_input_is_one_line(run_cli, args, message):
@@ -56,28 +86,74 @@ def test_a_batch_flag_the_help_does_not_list_is_taken_when_the_command_carries_i
     """absl/ml_collections scripts take --config.batch_size without listing it in --help."""
     script = tmp_path / "absl_like.py"
     script.write_text(
-        "import sys\n"
-        "if '--help' in sys.argv: print('flags: --config'); sys.exit(0)\n"
-        "print('args', sys.argv[1:])\n")
-    proc = run_cli("run", "--batch-flag", "--config.batch_size", "--batch-size", "16", "--mem-fraction", "0.3",
-                   "--dry-run", "--", sys.executable, str(script), "--config.batch_size=8")
+        "import sys\nif '--help' in sys.argv: print('flags: --config'); sys.exit(0)\nprint('args', sys.argv[1:])\n"
+    )
+    proc = run_cli(
+        "run",
+        "--batch-flag",
+        "--config.batch_size",
+        "--batch-size",
+        "16",
+        "--mem-fraction",
+        "0.3",
+        "--dry-run",
+        "--",
+        sys.executable,
+        str(script),
+        "--config.batch_size=8",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--config.batch_size=16" in proc.stdout and "--config.batch_size=8" not in proc.stdout
-    line = error_line(run_cli("run", "--batch-flag", "--config.batch_size", "--batch-size", "16", "--mem-fraction",
-                              "0.3", "--", sys.executable, str(script)))
+    line = error_line(
+        run_cli(
+            "run",
+            "--batch-flag",
+            "--config.batch_size",
+            "--batch-size",
+            "16",
+            "--mem-fraction",
+            "0.3",
+            "--",
+            sys.executable,
+            str(script),
+        )
+    )
     assert "put --config.batch_size=N in the command" in line
 
 
 def test_global_batch_uses_the_scripts_own_accumulation_flag(tmp_path, run_cli):
     script = tmp_path / "accum.py"
     script.write_text(
-        "import sys\n"
-        "if '--help' in sys.argv: print('--batch-size --accum'); sys.exit(0)\n"
-        "print('args', sys.argv[1:])\n")
-    proc = run_cli("run", "--accum-flag", "--accum", "--global-batch", "32", "--batch-size", "8", "--mem-fraction",
-                   "0.3", "--dry-run", "--", sys.executable, str(script))
+        "import sys\nif '--help' in sys.argv: print('--batch-size --accum'); sys.exit(0)\nprint('args', sys.argv[1:])\n"
+    )
+    proc = run_cli(
+        "run",
+        "--accum-flag",
+        "--accum",
+        "--global-batch",
+        "32",
+        "--batch-size",
+        "8",
+        "--mem-fraction",
+        "0.3",
+        "--dry-run",
+        "--",
+        sys.executable,
+        str(script),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--batch-size=32 --accum=4" in proc.stdout
     assert "name the script's own flag with --accum-flag" in error_line(
-        run_cli("run", "--global-batch", "32", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable,
-                str(script)))
+        run_cli(
+            "run",
+            "--global-batch",
+            "32",
+            "--batch-size",
+            "8",
+            "--mem-fraction",
+            "0.3",
+            "--",
+            sys.executable,
+            str(script),
+        )
+    )

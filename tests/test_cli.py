@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import FIXTURES, error_line
 
-from conftest import FIXTURES, error_line
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 SMALL = ["--example", "mlp-tiny", "--device-memory", "8MiB", "--mem-fraction", "0.5", "--max-batch", "4096"]
 
@@ -49,8 +50,17 @@ def test_examples_lists_the_builtin_workloads(run_cli):
 def test_help_explains_the_options(run_cli):
     proc = run_cli("fit", "--help")
     assert proc.returncode == 0
-    for flag in ("--mem-fraction", "--batch-size", "--headroom", "--device-memory", "--multiple-of", "--no-cache",
-                 "--json", "--entry", "--set"):
+    for flag in (
+        "--mem-fraction",
+        "--batch-size",
+        "--headroom",
+        "--device-memory",
+        "--multiple-of",
+        "--no-cache",
+        "--json",
+        "--entry",
+        "--set",
+    ):
         assert flag in proc.stdout
 
 

@@ -18,6 +18,8 @@ from jaxfit.errors import ConfigError
 from jaxfit.examples import configs as configs_module
 from jaxfit.fit.workload import Workload
 
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
+
 TINY = ["gpt-tiny", "vit-tiny", "mlp-tiny"]
 LARGE = ["gpt-small", "gpt-medium-bf16-remat", "vit-small", "mlp"]
 # A GPT small enough to train and compile twice in a few seconds.
@@ -79,9 +81,7 @@ def test_param_count_matches_concrete_init() -> None:
     _, (abstract_params, abstract_opt) = examples.abstract_state(cfg)
     assert examples.param_count(params) == examples.param_count(abstract_params)
     shapes = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), (params, opt_state))
-    abstract_shapes = jax.tree_util.tree_map(
-        lambda x: (x.shape, x.dtype), (abstract_params, abstract_opt)
-    )
+    abstract_shapes = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), (abstract_params, abstract_opt))
     assert shapes == abstract_shapes
     d, v, t = 64, 256, 32
     block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
@@ -204,7 +204,7 @@ def test_examples_package_skips_non_examples(tmp_path: Path, monkeypatch: pytest
         examples.load_config("queue")
     with pytest.raises(ConfigError, match="malformed YAML"):
         examples.load_config("broken")
-    with pytest.raises(ConfigError, match="available examples: alpha$"):
+    with pytest.raises(ConfigError, match=r"available examples: alpha$"):
         examples.load_config("notes")
 
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FIXTURES, REPO, error_line
+from helpers import FIXTURES, REPO, error_line
+
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 FAKE = str(FIXTURES / "fake_train.py")
 TRAIN = str(REPO / "scripts" / "train.py")
@@ -26,16 +28,27 @@ LOGICAL = ["--gpus", "1", "--device-memory", "8GiB", "--grace", "2", "--monitor-
 
 
 def _queue(folder: Path, experiments: list[dict], **top) -> Path:
-    data = {"gpus": 1, "reserve": "0", "device_memory": "8GiB", "process_overhead": "0", **top,
-            "experiments": experiments}
+    data = {
+        "gpus": 1,
+        "reserve": "0",
+        "device_memory": "8GiB",
+        "process_overhead": "0",
+        **top,
+        "experiments": experiments,
+    }
     path = folder / "queue.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
 def _fake(name: str, *flags: str, batch: int = 16, fraction: float = 0.3, **keys) -> dict:
-    return {"name": name, "command": [sys.executable, FAKE, f"--exp-name={name}", *flags], "batch": batch,
-            "fraction": fraction, **keys}
+    return {
+        "name": name,
+        "command": [sys.executable, FAKE, f"--exp-name={name}", *flags],
+        "batch": batch,
+        "fraction": fraction,
+        **keys,
+    }
 
 
 def _env(out: Path) -> dict[str, str]:
@@ -45,8 +58,14 @@ def _env(out: Path) -> dict[str, str]:
 
 
 def _schedule(folder: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", *args], cwd=folder,
-                          capture_output=True, text=True, env=_env(folder / "out"), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=_env(folder / "out"),
+        timeout=timeout,
+    )
 
 
 def _records(folder: Path) -> dict[str, list[dict]]:
@@ -71,7 +90,7 @@ def test_runs_share_a_gpu_and_the_last_waits_for_memory(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     result, records = _result(tmp_path), _records(tmp_path)
     assert {n: r["state"] for n, r in result.items()} == dict.fromkeys("abcd", "done")
-    for name, row in result.items():
+    for row in result.values():
         assert (row["gpu"], row["mem_fraction"], row["batch_size"], row["attempts"]) == (0, 0.3, 16, 1)
         assert row["started_at"] < row["ended_at"]
     first = {n: records[n][0] for n in "abc"}
@@ -99,7 +118,12 @@ def test_out_of_memory_retries_with_more_accumulation_and_the_same_global_batch(
     assert [r["outcome"] for r in runs] == ["oom", "oom", "done"]
     row = _result(tmp_path)["big"]
     assert (row["state"], row["attempts"], row["batch_size"], row["grad_accum_steps"], row["micro_batch_size"]) == (
-        "done", 3, 16, 4, 4)
+        "done",
+        3,
+        16,
+        4,
+        4,
+    )
 
 
 def test_out_of_memory_at_micro_batch_one_fails_with_a_reason(tmp_path):
@@ -156,15 +180,27 @@ def _states(folder: Path) -> dict[str, str]:
 
 
 def _start_scheduler(folder: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", *args], cwd=folder,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(folder / "out"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", *args],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(folder / "out"),
+    )
 
 
 @pytest.mark.parametrize("ended_meanwhile", [False, True], ids=["adopts-a-live-run", "reads-a-run-that-ended"])
 def test_sigkill_of_the_scheduler_then_resume_reruns_nothing_finished(tmp_path, ended_meanwhile):
     # quick finishes at once; long is running when the scheduler dies; later waits for memory.
-    _queue(tmp_path, [_fake("quick", "--sleep=0.1", fraction=0.3), _fake("long", "--sleep=4", fraction=0.6),
-                      _fake("later", "--sleep=0.1", fraction=0.6)])
+    _queue(
+        tmp_path,
+        [
+            _fake("quick", "--sleep=0.1", fraction=0.3),
+            _fake("long", "--sleep=4", fraction=0.6),
+            _fake("later", "--sleep=0.1", fraction=0.6),
+        ],
+    )
     scheduler = _start_scheduler(tmp_path, *LOGICAL)
     _wait_for(lambda: _states(tmp_path).get("quick") == "done" and _states(tmp_path).get("long") == "running")
     scheduler.send_signal(signal.SIGKILL)
@@ -181,7 +217,10 @@ def test_sigkill_of_the_scheduler_then_resume_reruns_nothing_finished(tmp_path, 
     records, result = _records(tmp_path), _result(tmp_path)
     assert {n: len(r) for n, r in records.items()} == {"quick": 1, "long": 1, "later": 1}, "something ran twice"
     assert {n: (r["state"], r["attempts"]) for n, r in result.items()} == {
-        "quick": ("done", 1), "long": ("done", 1), "later": ("done", 1)}
+        "quick": ("done", 1),
+        "long": ("done", 1),
+        "later": ("done", 1),
+    }
     assert records["later"][0]["start"] >= records["long"][0]["end"]  # it still waited for the memory
     logs = tmp_path / "jaxfit-runs" / "queue" / "logs"
     assert "done" in (logs / "long.1.log").read_text()  # the adopted run's log is complete
@@ -229,10 +268,28 @@ def test_schedule_runs_train_py_with_wandb_group(tmp_path):
     """scripts/train.py under the scheduler: WandB (offline) gets the group and the scheduled settings."""
     from wandb_offline import wandb_records
 
-    command = [sys.executable, TRAIN, "debug", "--exp-name=sched", "--num-train-steps=3", "--overwrite",
-               f"--checkpoint-base-dir={tmp_path / 'ckpt'}"]
-    _queue(tmp_path, [{"name": "sched", "command": command, "batch": 8, "fraction": 0.2, "global_batch": 16,
-                       "env": {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}}])
+    command = [
+        sys.executable,
+        TRAIN,
+        "debug",
+        "--exp-name=sched",
+        "--num-train-steps=3",
+        "--overwrite",
+        f"--checkpoint-base-dir={tmp_path / 'ckpt'}",
+    ]
+    _queue(
+        tmp_path,
+        [
+            {
+                "name": "sched",
+                "command": command,
+                "batch": 8,
+                "fraction": 0.2,
+                "global_batch": 16,
+                "env": {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
+            }
+        ],
+    )
     proc = _schedule(tmp_path, *LOGICAL, "--json", "result.json", "--wandb-group", "my-group", timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     row = _result(tmp_path)["sched"]
@@ -248,7 +305,11 @@ def test_schedule_runs_train_py_with_wandb_group(tmp_path):
     assert "my-group" in groups
     settings = config["jaxfit"]
     assert (settings["scheduled"], settings["batch_size"], settings["grad_accum_steps"], settings["mem_fraction"]) == (
-        True, 16, 2, 0.2)
+        True,
+        16,
+        2,
+        0.2,
+    )
     log = (tmp_path / "jaxfit-runs" / "queue" / "logs" / "sched.1.log").read_text()
     assert "batch_size=16" in log or "batch 16" in log, log[-2000:]
 
@@ -261,7 +322,11 @@ def test_the_ray_backend_runs_the_plan_with_fractional_gpus(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     result, records = _result(tmp_path), _records(tmp_path)
     assert {n: (r["state"], r["attempts"]) for n, r in result.items()} == {
-        "a": ("done", 1), "b": ("done", 1), "c": ("done", 1), "d": ("done", 2)}
+        "a": ("done", 1),
+        "b": ("done", 1),
+        "c": ("done", 1),
+        "d": ("done", 2),
+    }
     first = [records[n][0] for n in "abc"]
     assert max(r["start"] for r in first) < min(r["end"] for r in first), "the three shares did not run together"
     assert {r["env"]["CUDA_VISIBLE_DEVICES"] for r in first} == {"0"}  # Ray's GPU, not the plan's variable
@@ -343,8 +408,13 @@ def test_resume_takes_env_values_from_the_queue_file(tmp_path):
 
 
 def test_schedule_input_that_cannot_work_is_refused_before_any_run(tmp_path):
-    _queue(tmp_path, [_fake("a", "--sleep=0"), {"name": "b", "command": ["no-such-trainer-jaxfit", "x"],
-                                                  "batch": 8, "fraction": 0.2}])
+    _queue(
+        tmp_path,
+        [
+            _fake("a", "--sleep=0"),
+            {"name": "b", "command": ["no-such-trainer-jaxfit", "x"], "batch": 8, "fraction": 0.2},
+        ],
+    )
     assert "experiment 'b': command not found: 'no-such-trainer-jaxfit'" in error_line(_schedule(tmp_path, *LOGICAL))
     assert not (tmp_path / "out").exists(), "a run started"
     _queue(tmp_path, [_fake("a", "--sleep=0")])

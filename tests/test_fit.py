@@ -11,6 +11,8 @@ import jaxfit
 from jaxfit.examples import build_workload
 from jaxfit.fit.memory import analyse
 
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
+
 MiB = 1 << 20
 # mlp-tiny on a pretend 8 MiB device at fraction 0.5: a 4 MiB budget, an answer in the hundreds.
 OPTIONS = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=8 * MiB, max_batch=4096)
@@ -35,16 +37,26 @@ def test_fit_batch_returns_the_exact_compiled_boundary():
     assert {"start", "round", "compiled", "done"} <= set(events)
     assert result.device["platform"] == "cpu" and result.device["total_bytes"] == 8 * MiB
     d = result.to_dict()
-    for key in ("batch_size", "multiple_of", "mem_fraction", "budget_bytes", "peak_bytes", "device", "compiles",
-                "wall_seconds", "candidates"):
+    for key in (
+        "batch_size",
+        "multiple_of",
+        "mem_fraction",
+        "budget_bytes",
+        "peak_bytes",
+        "device",
+        "compiles",
+        "wall_seconds",
+        "candidates",
+    ):
         assert key in d
     for key in ("batch_size", "peak_bytes", "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "fits"):
         assert key in d["candidates"][0]
 
 
 def test_multiple_of_and_bounds_are_respected():
-    options = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=8 * MiB, multiple_of=8, min_batch=8,
-                                max_batch=4096)
+    options = jaxfit.FitOptions(
+        mem_fraction=0.5, device_memory_bytes=8 * MiB, multiple_of=8, min_batch=8, max_batch=4096
+    )
     result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
     assert result.batch_size % 8 == 0
     assert all(c.batch_size % 8 == 0 for c in result.candidates)
@@ -61,8 +73,9 @@ def test_max_batch_reached_is_reported_not_hidden():
 
 def test_headroom_shrinks_the_budget_and_the_answer():
     base = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), OPTIONS)
-    kept = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"),
-                            jaxfit.FitOptions(**{**OPTIONS.__dict__, "headroom_bytes": 1 * MiB}))
+    kept = jaxfit.fit_batch(
+        jaxfit.example_source("mlp-tiny"), jaxfit.FitOptions(**{**OPTIONS.__dict__, "headroom_bytes": 1 * MiB})
+    )
     assert kept.budget_bytes == base.budget_bytes - MiB
     assert kept.batch_size < base.batch_size
 
@@ -97,11 +110,13 @@ def test_no_cache_writes_nothing(isolated_cache):
 
 
 def test_entry_workload_from_a_user_module(monkeypatch):
-    from conftest import FIXTURES
+    from helpers import FIXTURES
 
     monkeypatch.chdir(FIXTURES)
-    result = jaxfit.fit_batch(jaxfit.entry_source("user_workloads:make_workload"),
-                              jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=4 * MiB, max_batch=8192))
+    result = jaxfit.fit_batch(
+        jaxfit.entry_source("user_workloads:make_workload"),
+        jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=4 * MiB, max_batch=8192),
+    )
     assert result.workload["name"] == "user-mlp" and result.outcome == "boundary"
 
 
@@ -115,7 +130,7 @@ def test_entry_workload_from_a_user_module(monkeypatch):
     ],
 )
 def test_bad_entries_are_one_line_errors(monkeypatch, factory, error, match):
-    from conftest import FIXTURES
+    from helpers import FIXTURES
 
     monkeypatch.chdir(FIXTURES)
     with pytest.raises(error, match=match) as info:
@@ -139,8 +154,14 @@ def test_batches_fitting_above_the_answer_are_reported():
     def candidate(batch: int, fits: bool, autotuned: bool) -> Candidate:
         return Candidate(batch, 100, 1, 1, 0, 1, fits, 1.0, False, autotuned)
 
-    found = [candidate(8, True, False), candidate(12, True, True), candidate(13, False, True),
-             candidate(20, True, True), candidate(27, True, False), candidate(30, False, True)]
+    found = [
+        candidate(8, True, False),
+        candidate(12, True, True),
+        candidate(13, False, True),
+        candidate(20, True, True),
+        candidate(27, True, False),
+        candidate(30, False, True),
+    ]
     assert fitting_above(found, 12, tuned_only=True) == [20]  # the untuned 27 proves nothing on a GPU
     assert fitting_above(found, 12, tuned_only=False) == [20, 27]
     assert fitting_above(found, 30, tuned_only=False) == []

@@ -17,12 +17,15 @@ from jaxfit.errors import ConfigError
 from jaxfit.schedule.monitor import OTHER, Monitor, experiment_peaks, gpu_peaks, group_rss
 from jaxfit.schedule.state import Sample, StateStore
 
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
+
 MB = 1 << 20
 
 # Allocates ~200 MB, touches every page (so it is resident), says so, then sleeps; it also starts a
 # grandchild in its process group that holds ~40 MB, so the group sum is more than the leader.
 HOLDER = r"""
 import subprocess, sys, time
+
 kid = subprocess.Popen([sys.executable, "-c",
     "import time; b = bytearray(40 << 20); b[::4096] = b'x' * len(b[::4096]); print('ok', flush=True); time.sleep(60)"],
     stdout=subprocess.PIPE)

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from jaxfit.fit.budget import GiB, MiB, fraction_for_bytes
 from jaxfit.errors import ConfigError
+from jaxfit.fit.budget import GiB, MiB, fraction_for_bytes
 from jaxfit.schedule.packing import GPU, ROW_HEADERS, Need, Plan, plan
 
 OVERHEAD = 618 * MiB
@@ -117,8 +117,12 @@ def test_priority_comes_before_size() -> None:
 
 
 def test_priority_order_is_the_start_order_and_ties_keep_input_order() -> None:
-    needs = [Need("a", 10 * GiB, priority=1), Need("b", 10 * GiB, priority=3), Need("c", 10 * GiB, priority=3),
-             Need("d", 20 * GiB, priority=1)]
+    needs = [
+        Need("a", 10 * GiB, priority=1),
+        Need("b", 10 * GiB, priority=3),
+        Need("c", 10 * GiB, priority=3),
+        Need("d", 20 * GiB, priority=1),
+    ]
     result = plan(needs, [GPU(0, RTX_96)], 0, OVERHEAD)
     assert [p.name for p in result.placements] == ["b", "c", "d", "a"]
     assert [p.start for p in result.placements] == [0, 1, 2, 3]
@@ -145,7 +149,9 @@ def test_a_small_low_priority_run_backfills_another_gpu() -> None:
 def test_a_waiting_run_takes_the_gpu_where_it_waits_for_fewest_runs() -> None:
     gpus = [GPU(0, 64 * GiB), GPU(1, 64 * GiB)]
     needs = [Need(f"x{i}", 20 * GiB, priority=2) for i in range(3)] + [
-        Need("a", 50 * GiB, priority=1), Need("w", 40 * GiB, priority=0)]
+        Need("a", 50 * GiB, priority=1),
+        Need("w", 40 * GiB, priority=0),
+    ]
     result = plan(needs, gpus, 0, OVERHEAD)
     assert {p.name for p in result.placements if p.gpu == 0} >= {"x0", "x1", "x2"}
     assert result.placement("a").gpu == 1 and result.placement("a").immediate
@@ -156,8 +162,7 @@ def test_a_waiting_run_takes_the_gpu_where_it_waits_for_fewest_runs() -> None:
 
 def test_among_equal_waits_a_waiting_run_fills_the_tighter_gpu() -> None:
     gpus = [GPU(0, 64 * GiB), GPU(1, 64 * GiB)]
-    needs = [Need("a", 50 * GiB), Need("b", 20 * GiB), Need("c", 20 * GiB), Need("d", 20 * GiB),
-             Need("e", 40 * GiB)]
+    needs = [Need("a", 50 * GiB), Need("b", 20 * GiB), Need("c", 20 * GiB), Need("d", 20 * GiB), Need("e", 40 * GiB)]
     result = plan(needs, gpus, 0, OVERHEAD)
     # a -> GPU 0, e -> GPU 1 (does not fit next to a), b -> GPU 1 next to e. c fits nowhere now:
     # it waits for one run either way (a on GPU 0, e on GPU 1), and next to b on GPU 1 it leaves
@@ -242,8 +247,13 @@ def test_bad_plan_inputs(kwargs: dict, match: str) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({}, "neither a peak nor a fraction"), ({"peak_bytes": 0}, "positive"), ({"fraction": 1.5}, r"\(0, 1\]"),
-     ({"fraction": 0.0}, r"\(0, 1\]"), ({"peak_bytes": 5, "headroom_bytes": -1}, ">= 0")],
+    [
+        ({}, "neither a peak nor a fraction"),
+        ({"peak_bytes": 0}, "positive"),
+        ({"fraction": 1.5}, r"\(0, 1\]"),
+        ({"fraction": 0.0}, r"\(0, 1\]"),
+        ({"peak_bytes": 5, "headroom_bytes": -1}, ">= 0"),
+    ],
 )
 def test_bad_needs(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -261,7 +271,16 @@ def test_to_dict_and_rows() -> None:
     assert data["reserve_bytes"] == 2 * GiB and data["overhead_bytes"] == OVERHEAD and data["waves"] == 2
     assert [p["name"] for p in data["placements"]] == [p.name for p in result.placements]
     assert set(data["placements"][0]) == {
-        "name", "gpu", "mem_fraction", "peak_bytes", "pool_bytes", "need_bytes", "priority", "start", "wave", "after",
+        "name",
+        "gpu",
+        "mem_fraction",
+        "peak_bytes",
+        "pool_bytes",
+        "need_bytes",
+        "priority",
+        "start",
+        "wave",
+        "after",
     }
     assert data["gpus"][0]["capacity_bytes"] == 94 * GiB
     assert data["gpus"][0]["free_bytes"] == 94 * GiB - data["gpus"][0]["planned_bytes"]
@@ -285,13 +304,20 @@ def _random_case(rng: random.Random) -> tuple[list[Need], list[GPU], int, int]:
         kind = rng.random()
         priority = rng.choice([0, 0, 1, 2])
         if kind < 0.7:
-            needs.append(Need(f"r{i}", rng.randint(64 * MiB, 90 * GiB), priority=priority,
-                              headroom_bytes=rng.choice([0, 0, 512 * MiB])))
+            needs.append(
+                Need(
+                    f"r{i}",
+                    rng.randint(64 * MiB, 90 * GiB),
+                    priority=priority,
+                    headroom_bytes=rng.choice([0, 0, 512 * MiB]),
+                )
+            )
         elif kind < 0.9:
             needs.append(Need(f"r{i}", fraction=rng.randint(1, 100) / 100, priority=priority))
         else:
-            needs.append(Need(f"r{i}", rng.randint(GiB, 30 * GiB), fraction=rng.randint(10, 60) / 100,
-                              priority=priority))
+            needs.append(
+                Need(f"r{i}", rng.randint(GiB, 30 * GiB), fraction=rng.randint(10, 60) / 100, priority=priority)
+            )
     return needs, gpus, reserve, overhead
 
 

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO, error_line
+from helpers import FIXTURES, REPO, error_line
 
 import jaxfit
 from jaxfit.run.launch import execute, plan_run
+
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 TRAIN = str(REPO / "scripts" / "train.py")
 SHAPED = str(FIXTURES / "shaped_train.py")
@@ -25,7 +27,9 @@ def _fit_json(run_cli, tmp_path: Path, *command: str, extra: tuple[str, ...] = (
     return json.loads((tmp_path / "fit.json").read_text())
 
 
-def _run_by_hand(tmp_path: Path, fit: dict, command: list[str], **extra_env: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _run_by_hand(
+    tmp_path: Path, fit: dict, command: list[str], **extra_env: str
+) -> tuple[subprocess.CompletedProcess, dict]:
     """Run ``command`` in a shell of one's own with the environment the fit printed (``env``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_PIN")}
     env.update(fit["env"])
@@ -39,9 +43,24 @@ def _run_by_hand(tmp_path: Path, fit: dict, command: list[str], **extra_env: str
 
 def test_run_on_train_py_loads_the_pinned_program(tmp_path, run_cli, monkeypatch):
     """The training child of ``jaxfit run`` runs the executable the fit proved (nothing recompiled)."""
-    proc = run_cli("run", *SMALL, "--max-batch", "48", "--json", "plan.json", "--wandb-mode", "disabled",
-                   "--", sys.executable, TRAIN, "debug", "--exp-name=pin", f"--checkpoint-base-dir={tmp_path / 'ck'}",
-                   "--num-train-steps=3", "--log-interval=1")
+    proc = run_cli(
+        "run",
+        *SMALL,
+        "--max-batch",
+        "48",
+        "--json",
+        "plan.json",
+        "--wandb-mode",
+        "disabled",
+        "--",
+        sys.executable,
+        TRAIN,
+        "debug",
+        "--exp-name=pin",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}",
+        "--num-train-steps=3",
+        "--log-interval=1",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["program_pinned"] is True and plan["run"]["program_pinned"] is True
@@ -184,11 +203,26 @@ def test_fit_fraction_pins_the_program_of_its_answer(tmp_path, run_cli):
 
 
 def test_run_with_nothing_fitted_says_not_pinned(tmp_path, run_cli):
-    error = error_line(run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--json", "x/plan.json", "--",
-                               sys.executable, SHAPED))
+    error = error_line(
+        run_cli(
+            "run", "--batch-size", "8", "--mem-fraction", "0.3", "--json", "x/plan.json", "--", sys.executable, SHAPED
+        )
+    )
     assert "--json x/plan.json" in error
-    proc = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--json", "plan.json", "--", sys.executable,
-                   SHAPED, "--steps", "1")
+    proc = run_cli(
+        "run",
+        "--batch-size",
+        "8",
+        "--mem-fraction",
+        "0.3",
+        "--json",
+        "plan.json",
+        "--",
+        sys.executable,
+        SHAPED,
+        "--steps",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["program_pinned"] is False and plan["run"]["reason"] == "nothing was fitted"

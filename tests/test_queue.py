@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from jaxfit.fit.budget import GiB, MiB
 from jaxfit.errors import ConfigError
 from jaxfit.examples.configs import list_examples
+from jaxfit.fit.budget import GiB, MiB
 from jaxfit.schedule.queue_file import (
     EXPERIMENT_KEYS,
     TOP_LEVEL_KEYS,
@@ -106,11 +106,21 @@ def test_defaults() -> None:
 
 def test_full_experiment_and_top_level() -> None:
     data = {
-        "gpus": [0, 2], "reserve": "2GiB", "device_memory": "96GiB", "process_overhead": "618MiB",
-        "experiments": [_experiment(
-            batch=16, fraction=0.25, global_batch=64, retries=0, priority=-3, timeout="1h30m",
-            env={"WANDB_MODE": "offline", "SEED": 7},
-        )],
+        "gpus": [0, 2],
+        "reserve": "2GiB",
+        "device_memory": "96GiB",
+        "process_overhead": "618MiB",
+        "experiments": [
+            _experiment(
+                batch=16,
+                fraction=0.25,
+                global_batch=64,
+                retries=0,
+                priority=-3,
+                timeout="1h30m",
+                env={"WANDB_MODE": "offline", "SEED": 7},
+            )
+        ],
     }
     queue = parse_queue(data, "q.yaml")
     assert queue.gpus == (0, 2) and queue.reserve_bytes == 2 * GiB
@@ -129,7 +139,13 @@ def test_string_commands_are_split_with_shlex() -> None:
     command = "python scripts/train.py debug --exp-name='my run' --model-overrides n_layers 2"
     queue = parse_queue({"experiments": [_experiment(command=command)]}, "q.yaml")
     assert queue.experiments[0].command == (
-        "python", "scripts/train.py", "debug", "--exp-name=my run", "--model-overrides", "n_layers", "2",
+        "python",
+        "scripts/train.py",
+        "debug",
+        "--exp-name=my run",
+        "--model-overrides",
+        "n_layers",
+        "2",
     )
 
 
@@ -154,7 +170,9 @@ def test_logical_gpus_without_a_visible_gpu(gpus: Any, selected: tuple[int, ...]
     assert queue.select_gpus(0) == selected
 
 
-@pytest.mark.parametrize(("gpus", "available", "match"), [(4, 2, "asks for 4 GPUs"), ([0, 3], 2, "GPU 3"), ("all", 0, "no GPU")])
+@pytest.mark.parametrize(
+    ("gpus", "available", "match"), [(4, 2, "asks for 4 GPUs"), ([0, 3], 2, "GPU 3"), ("all", 0, "no GPU")]
+)
 def test_gpu_selection_beyond_the_visible(gpus: Any, available: int, match: str) -> None:
     queue = parse_queue({"gpus": gpus, "experiments": [_experiment()]}, "q.yaml")
     with pytest.raises(ConfigError, match=match) as err:
@@ -170,7 +188,7 @@ def test_zero_reserve(reserve: Any) -> None:
 def test_experiment_lookup() -> None:
     queue = parse_queue({"experiments": [_experiment(), _experiment(name="run-b")]}, "q.yaml")
     assert queue.experiment("run-b").index == 1
-    with pytest.raises(ConfigError, match="no experiment named 'zz'.*run-a, run-b"):
+    with pytest.raises(ConfigError, match=r"no experiment named 'zz'.*run-a, run-b"):
         queue.experiment("zz")
 
 
@@ -180,9 +198,21 @@ def test_experiment_lookup() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [(90, 90.0), (1.5, 1.5), ("90", 90.0), ("90s", 90.0), ("30m", 1800.0), ("2h", 7200.0),
-     ("1d", 86400.0), ("1.5h", 5400.0), ("1h30m", 5400.0), ("1h 30m 10s", 5410.0),
-     ("45 min", 2700.0), ("2 hours", 7200.0), ("10S", 10.0)],
+    [
+        (90, 90.0),
+        (1.5, 1.5),
+        ("90", 90.0),
+        ("90s", 90.0),
+        ("30m", 1800.0),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+        ("1.5h", 5400.0),
+        ("1h30m", 5400.0),
+        ("1h 30m 10s", 5410.0),
+        ("45 min", 2700.0),
+        ("2 hours", 7200.0),
+        ("10S", 10.0),
+    ],
 )
 def test_parse_duration(text: Any, seconds: float) -> None:
     assert parse_duration(text) == seconds
@@ -199,9 +229,17 @@ def test_parse_duration_rejects(text: Any) -> None:
 # Bad input: one line each, naming the file, the experiment and the key.
 
 BAD: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("unknown top-level key", {"gpu": 1, "experiments": [_experiment()]}, ["unknown top-level key 'gpu'", "valid keys: gpus"]),
+    (
+        "unknown top-level key",
+        {"gpu": 1, "experiments": [_experiment()]},
+        ["unknown top-level key 'gpu'", "valid keys: gpus"],
+    ),
     ("family key", {"family": "gpt", "experiments": [_experiment()]}, ["'family'", "example"]),
-    ("unknown experiment key", {"experiments": [_experiment(batch_size=3)]}, ["experiment 'run-a'", "'batch_size'", "global_batch"]),
+    (
+        "unknown experiment key",
+        {"experiments": [_experiment(batch_size=3)]},
+        ["experiment 'run-a'", "'batch_size'", "global_batch"],
+    ),
     ("missing name", {"experiments": [{"command": "python x.py"}]}, ["experiments[0]", "no name"]),
     ("bad name", {"experiments": [_experiment(name="a b")]}, ["experiments[0]", "name='a b'"]),
     ("numeric name", {"experiments": [_experiment(name=12)]}, ["name=12", "quote"]),
@@ -219,9 +257,17 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ("batch negative", {"experiments": [_experiment(batch=-4)]}, ["batch=-4"]),
     ("batch float", {"experiments": [_experiment(batch=2.5)]}, ["batch=2.5"]),
     ("batch bool", {"experiments": [_experiment(batch=True)]}, ["batch=True"]),
-    ("global batch not a multiple", {"experiments": [_experiment(batch=24, global_batch=64)]}, ["global_batch=64", "multiple of batch=24"]),
+    (
+        "global batch not a multiple",
+        {"experiments": [_experiment(batch=24, global_batch=64)]},
+        ["global_batch=64", "multiple of batch=24"],
+    ),
     ("global batch smaller", {"experiments": [_experiment(batch=64, global_batch=32)]}, ["global_batch=32"]),
-    ("global batch auto", {"experiments": [_experiment(global_batch="auto")]}, ["global_batch='auto'", "a positive integer"]),
+    (
+        "global batch auto",
+        {"experiments": [_experiment(global_batch="auto")]},
+        ["global_batch='auto'", "a positive integer"],
+    ),
     ("global batch zero", {"experiments": [_experiment(global_batch=0)]}, ["global_batch=0"]),
     ("negative retries", {"experiments": [_experiment(retries=-1)]}, ["retries=-1", ">= 0"]),
     ("priority float", {"experiments": [_experiment(priority=1.5)]}, ["priority=1.5"]),
@@ -238,10 +284,18 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ("negative reserve", {"reserve": -5, "experiments": [_experiment()]}, ["reserve=-5", "0 or more"]),
     ("negative reserve string", {"reserve": "-1GiB", "experiments": [_experiment()]}, ["reserve='-1GiB'", "0 or more"]),
     ("reserve bool", {"reserve": True, "experiments": [_experiment()]}, ["reserve=True"]),
-    ("reserve above memory", {"reserve": "100GiB", "device_memory": "96GiB", "experiments": [_experiment()]}, ["lower the reserve"]),
+    (
+        "reserve above memory",
+        {"reserve": "100GiB", "device_memory": "96GiB", "experiments": [_experiment()]},
+        ["lower the reserve"],
+    ),
     ("bad device memory", {"device_memory": "lots", "experiments": [_experiment()]}, ["device_memory='lots'"]),
     ("zero device memory", {"device_memory": 0, "experiments": [_experiment()]}, ["device_memory=0"]),
-    ("bad overhead", {"process_overhead": "618 apples", "experiments": [_experiment()]}, ["process_overhead='618 apples'"]),
+    (
+        "bad overhead",
+        {"process_overhead": "618 apples", "experiments": [_experiment()]},
+        ["process_overhead='618 apples'"],
+    ),
     ("gpus zero", {"gpus": 0, "experiments": [_experiment()]}, ["gpus=0", "at least 1"]),
     ("gpus empty list", {"gpus": [], "experiments": [_experiment()]}, ["gpus=[]"]),
     ("gpus negative index", {"gpus": [0, -1], "experiments": [_experiment()]}, ["-1", "GPU index"]),
@@ -273,14 +327,26 @@ def test_second_experiment_is_named_in_messages() -> None:
 def test_valid_key_lists_are_complete() -> None:
     assert set(TOP_LEVEL_KEYS) == {"gpus", "reserve", "device_memory", "process_overhead", "experiments"}
     assert set(EXPERIMENT_KEYS) == {
-        "name", "command", "batch", "fraction", "global_batch", "retries", "priority", "timeout", "env",
+        "name",
+        "command",
+        "batch",
+        "fraction",
+        "global_batch",
+        "retries",
+        "priority",
+        "timeout",
+        "env",
     }
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("experiments: [\n", "not valid YAML (line"), ("- a\n- b\n", "must be a mapping"), ("", "empty"),
-     ("just a string\n", "must be a mapping")],
+    [
+        ("experiments: [\n", "not valid YAML (line"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("", "empty"),
+        ("just a string\n", "must be a mapping"),
+    ],
 )
 def test_bad_files(tmp_path: Path, text: str, expected: str) -> None:
     path = tmp_path / "queue.yaml"

@@ -20,6 +20,8 @@ from jaxfit.errors import ConfigError
 from jaxfit.schedule.backends.local import LaunchSpec, _is_runner, read_status
 from jaxfit.schedule.backends.ray import RayHandle, RayLauncher, _make_task_function, ray_gpu_request
 
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
+
 ray = pytest.importorskip("ray")
 
 UP = "import time; print('up', flush=True); time.sleep(60)"
@@ -61,11 +63,19 @@ def launcher(tmp_path_factory):
     assert not _processes_mentioning(base)
 
 
-def _spec(folder: Path, name: str, command: list[str], *, share: float = 0.5,
-          env: dict[str, str] | None = None) -> LaunchSpec:
+def _spec(
+    folder: Path, name: str, command: list[str], *, share: float = 0.5, env: dict[str, str] | None = None
+) -> LaunchSpec:
     return LaunchSpec(
-        name=name, attempt=1, command=tuple(command), env=env or {}, log_path=str(folder / "logs" / f"{name}.log"),
-        status_path=str(folder / f"{name}.status.json"), gpu=0, gpu_share=share, cwd=str(folder),
+        name=name,
+        attempt=1,
+        command=tuple(command),
+        env=env or {},
+        log_path=str(folder / "logs" / f"{name}.log"),
+        status_path=str(folder / f"{name}.status.json"),
+        gpu=0,
+        gpu_share=share,
+        cwd=str(folder),
     )
 
 
@@ -98,8 +108,13 @@ def test_runs_command_with_env_log_cwd_and_ray_gpu(launcher, tmp_path):
         "print('RAYJOB', os.environ.get('RAY_JOB_ID'))\n"
         "print('to stderr', file=sys.stderr)\n"
     )
-    spec = _spec(tmp_path, "env", [sys.executable, "-c", script], share=0.31,
-                 env={"JAXFIT_RAY_TEST": "hello ray", "CUDA_VISIBLE_DEVICES": "7"})
+    spec = _spec(
+        tmp_path,
+        "env",
+        [sys.executable, "-c", script],
+        share=0.31,
+        env={"JAXFIT_RAY_TEST": "hello ray", "CUDA_VISIBLE_DEVICES": "7"},
+    )
     Path(spec.log_path).parent.mkdir()
     Path(spec.log_path).write_text("earlier attempt\n")
     handle = launcher.start(spec)
@@ -134,8 +149,9 @@ def test_ray_packs_runs_by_gpu_share(launcher, tmp_path):
     )
     marks = tmp_path / "marks"
     marks.mkdir()
-    handles = [launcher.start(_spec(tmp_path, f"r{i}", [sys.executable, "-c", barrier, str(marks), f"r{i}"]))
-               for i in range(5)]
+    handles = [
+        launcher.start(_spec(tmp_path, f"r{i}", [sys.executable, "-c", barrier, str(marks), f"r{i}"])) for i in range(5)
+    ]
     assert [_wait(h, 90) for h in handles] == [0] * 5
     runs = sorted((json.loads((marks / f"r{i}.json").read_text()) for i in range(5)), key=lambda r: r["start"])
     first, fifth = runs[:4], runs[4]
@@ -198,7 +214,9 @@ def test_worker_death_stops_the_command(launcher, tmp_path):
 def test_terminate_escalates_to_sigkill_after_grace(launcher, tmp_path):
     """A command that ignores SIGTERM is SIGKILLed after the grace (1 s on a second launcher)."""
     quick = RayLauncher(grace_s=1.0)  # joins the module's Ray
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    )
     spec = _spec(tmp_path, "stubborn", _up(tmp_path, stubborn))
     handle = quick.start(spec)
     _wait_for_line(spec.log_path, "up")
@@ -259,6 +277,10 @@ def test_workers_never_import_jaxfit():
 
 
 def test_importing_the_backend_does_not_import_ray():
-    out = subprocess.run([sys.executable, "-c", "import sys, jaxfit.schedule.backends.ray; print('ray' in sys.modules)"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, jaxfit.schedule.backends.ray; print('ray' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.stdout.strip() == "False", out.stderr

@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO, error_line
+from helpers import FIXTURES, REPO, error_line
 
+from jaxfit.cli.output import ProgressPrinter
 from jaxfit.fit.compiler import CompileOutcome
 from jaxfit.fit.memory import MemoryReport
-from jaxfit.cli.output import ProgressPrinter
+
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 SHAPED = str(FIXTURES / "shaped_train.py")
 TRAIN = str(REPO / "scripts" / "train.py")
@@ -90,16 +92,42 @@ def test_run_is_offline_without_credentials(tmp_path, run_cli, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    proc = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug",
-                   "--exp-name=offline", f"--checkpoint-base-dir={tmp_path / 'ck'}", "--num-train-steps=2")
+    proc = run_cli(
+        "run",
+        "--batch-size",
+        "8",
+        "--mem-fraction",
+        "0.3",
+        "--",
+        sys.executable,
+        TRAIN,
+        "debug",
+        "--exp-name=offline",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}",
+        "--num-train-steps=2",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list((tmp_path / "wandb").glob("offline-run-*"))
 
 
 def test_a_step_that_is_never_called_stops_the_script_before_it_trains(tmp_path, run_cli):
     checkpoints = tmp_path / "ck"
-    proc = run_cli("fit", "--script", "--step-name", "nosuch_step", *SMALL, "--probe-timeout", "120", "--",
-                   sys.executable, SHAPED, "--steps", "50", "--checkpoint-dir", "ck")
+    proc = run_cli(
+        "fit",
+        "--script",
+        "--step-name",
+        "nosuch_step",
+        *SMALL,
+        "--probe-timeout",
+        "120",
+        "--",
+        sys.executable,
+        SHAPED,
+        "--steps",
+        "50",
+        "--checkpoint-dir",
+        "ck",
+    )
     line = error_line(proc)
     assert "never called a jitted function named 'nosuch_step'" in line
     assert "'train_step' looks like a train step; it donates argument 0" in line
@@ -122,8 +150,9 @@ def test_state_written_before_the_first_step_is_removed_or_named(tmp_path, run_c
     assert empty.returncode == 0, empty.stderr[-2000:]
     assert "removed what the probe's start-up created: ck" in empty.stdout.replace("\n", " ")
     assert not checkpoints.exists()
-    step0 = run_cli("fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--checkpoint-dir", "ck",
-                    "--step0-checkpoint")
+    step0 = run_cli(
+        "fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--checkpoint-dir", "ck", "--step0-checkpoint"
+    )
     assert step0.returncode == 0, step0.stderr[-2000:]
     said = step0.stdout.replace("\n", " ")
     assert "ck appeared with data in it and was left in place" in said and "--probe-arg" in said
@@ -131,13 +160,23 @@ def test_state_written_before_the_first_step_is_removed_or_named(tmp_path, run_c
 
 
 def test_the_missing_step_error_lists_called_functions_before_jitted_ones(tmp_path, run_cli):
-    proc = run_cli("fit", "--script", "--step-name", "nosuch", "--probe-timeout", "20", *SMALL, "--",
-                   sys.executable, "-c",
-                   "import time, jax, jax.numpy as jnp\n"
-                   "f = jax.jit(lambda x: x + 1)\n"
-                   "def helper(x): return x * 2\n"
-                   "g = jax.jit(helper)\n"
-                   "f(jnp.ones(2)); f(jnp.ones(2)); time.sleep(60)")
+    proc = run_cli(
+        "fit",
+        "--script",
+        "--step-name",
+        "nosuch",
+        "--probe-timeout",
+        "20",
+        *SMALL,
+        "--",
+        sys.executable,
+        "-c",
+        "import time, jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda x: x + 1)\n"
+        "def helper(x): return x * 2\n"
+        "g = jax.jit(helper)\n"
+        "f(jnp.ones(2)); f(jnp.ones(2)); time.sleep(60)",
+    )
     line = error_line(proc)
     assert "timed out after 20 s" in line
     assert "jitted functions it called (times, at least): <lambda> (2)" in line
@@ -145,10 +184,12 @@ def test_the_missing_step_error_lists_called_functions_before_jitted_ones(tmp_pa
 
 
 def test_the_tail_of_a_failed_probe_keeps_the_scripts_error_line(tmp_path, run_cli):
-    code = ("import sys\n"
-            "print('error: config nosuch_config not found; available: debug, gpt_small', file=sys.stderr)\n"
-            "for i in range(40): print('detail line', i, file=sys.stderr)\n"
-            "sys.exit(2)")
+    code = (
+        "import sys\n"
+        "print('error: config nosuch_config not found; available: debug, gpt_small', file=sys.stderr)\n"
+        "for i in range(40): print('detail line', i, file=sys.stderr)\n"
+        "sys.exit(2)"
+    )
     proc = run_cli("fit", "--script", *SMALL, "--", sys.executable, "-c", code)
     assert proc.returncode == 2
     assert "config nosuch_config not found" in proc.stderr

@@ -9,10 +9,12 @@ import sys
 import time
 
 import pytest
-from conftest import FIXTURES, REPO, error_line
+from helpers import FIXTURES, REPO, error_line
 from wandb_offline import wandb_run
 
 import jaxfit
+
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 TRAIN = str(REPO / "scripts" / "train.py")
 SMALL = ["--device-memory", "64MiB", "--mem-fraction", "0.5"]
@@ -23,19 +25,33 @@ def test_probing_train_py_gives_the_peaks_of_the_api_fit(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     probed = jaxfit.fit_batch(
         jaxfit.fit.sources.script_source(
-            [sys.executable, TRAIN, "debug", "--exp-name=probe", f"--checkpoint-base-dir={tmp_path / 'ck'}"]),
-        options)
+            [sys.executable, TRAIN, "debug", "--exp-name=probe", f"--checkpoint-base-dir={tmp_path / 'ck'}"]
+        ),
+        options,
+    )
     monkeypatch.chdir(FIXTURES)
     api = jaxfit.fit_batch(jaxfit.entry_source("train_entry:make_debug_workload"), options)
     assert probed.batch_size == api.batch_size
-    assert {c.batch_size: c.peak_bytes for c in probed.candidates} == {c.batch_size: c.peak_bytes for c in api.candidates}
+    assert {c.batch_size: c.peak_bytes for c in probed.candidates} == {
+        c.batch_size: c.peak_bytes for c in api.candidates
+    }
     assert probed.workload["name"] == "train_step"
     assert probed.workload["description"]["script_batch_size"] == 8  # the debug config's own batch
 
 
 def test_the_probe_never_runs_a_step(run_cli):
-    proc = run_cli("fit", "--script", *SMALL, "--json", "out.json", "--", sys.executable, str(FIXTURES / "mini_train.py"),
-                   "--batch-size", "8")
+    proc = run_cli(
+        "fit",
+        "--script",
+        *SMALL,
+        "--json",
+        "out.json",
+        "--",
+        sys.executable,
+        str(FIXTURES / "mini_train.py"),
+        "--batch-size",
+        "8",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "step 0" not in proc.stdout + proc.stderr and "trained" not in proc.stdout + proc.stderr
     assert "fits: peak" in proc.stdout
@@ -46,9 +62,22 @@ def test_run_trains_at_the_fitted_settings_and_logs_them_to_wandb(tmp_path, run_
     monkeypatch.setenv("WANDB_SILENT", "true")
     checkpoints = tmp_path / "ck"
     proc = run_cli(
-        "run", *SMALL, "--max-batch", "64", "--wandb-mode", "offline", f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}",
-        "--", sys.executable, TRAIN, "debug", "--exp-name=r1", f"--checkpoint-base-dir={checkpoints}",
-        "--num-train-steps=6", "--log-interval=3", "--save-interval=3",
+        "run",
+        *SMALL,
+        "--max-batch",
+        "64",
+        "--wandb-mode",
+        "offline",
+        f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}",
+        "--",
+        sys.executable,
+        TRAIN,
+        "debug",
+        "--exp-name=r1",
+        f"--checkpoint-base-dir={checkpoints}",
+        "--num-train-steps=6",
+        "--log-interval=3",
+        "--save-interval=3",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in proc.stdout
@@ -64,12 +93,22 @@ def test_run_trains_at_the_fitted_settings_and_logs_them_to_wandb(tmp_path, run_
 
 
 def test_run_with_given_settings_resumes_from_the_checkpoint(tmp_path, run_cli):
-    base = [sys.executable, TRAIN, "debug", "--exp-name=r2", f"--checkpoint-base-dir={tmp_path}", "--no-wandb-enabled",
-            "--log-interval=2", "--save-interval=4"]
+    base = [
+        sys.executable,
+        TRAIN,
+        "debug",
+        "--exp-name=r2",
+        f"--checkpoint-base-dir={tmp_path}",
+        "--no-wandb-enabled",
+        "--log-interval=2",
+        "--save-interval=4",
+    ]
     first = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", *base, "--num-train-steps=4")
     assert first.returncode == 0, first.stderr[-2000:]
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.3" in first.stdout and "batch_size=8" in first.stdout
-    second = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", *base, "--num-train-steps=8", "--resume")
+    second = run_cli(
+        "run", "--batch-size", "8", "--mem-fraction", "0.3", "--", *base, "--num-train-steps=8", "--resume"
+    )
     assert second.returncode == 0, second.stderr[-2000:]
     assert "step 5/8" in second.stdout and "step 1/8" not in second.stdout
     assert "done: 8 steps" in second.stdout
@@ -79,10 +118,24 @@ def test_run_keeps_a_global_batch_by_accumulating_micro_batches_that_fit(tmp_pat
     """--global-batch 32 with micro-batches of at most 8 (--max-batch): the script trains at
     --batch-size=32 --grad-accum-steps=4, and that accumulated step was compiled to prove it fits."""
     proc = run_cli(
-        "run", *SMALL, "--max-batch", "8", "--global-batch", "32", "--json", "plan.json",
-        f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}", "--probe-arg=--overwrite",  # probed twice
-        "--", sys.executable, TRAIN, "debug",
-        "--exp-name=g1", f"--checkpoint-base-dir={tmp_path / 'ck'}", "--no-wandb-enabled", "--num-train-steps=2",
+        "run",
+        *SMALL,
+        "--max-batch",
+        "8",
+        "--global-batch",
+        "32",
+        "--json",
+        "plan.json",
+        f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}",
+        "--probe-arg=--overwrite",  # probed twice
+        "--",
+        sys.executable,
+        TRAIN,
+        "debug",
+        "--exp-name=g1",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}",
+        "--no-wandb-enabled",
+        "--num-train-steps=2",
         "--log-interval=1",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -97,17 +150,43 @@ def test_run_keeps_a_global_batch_by_accumulating_micro_batches_that_fit(tmp_pat
 
 
 def test_run_returns_the_exit_code_of_the_command(run_cli):
-    proc = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug",
-                   "--exp-name=x", "--grad-accum-steps=3")
+    proc = run_cli(
+        "run",
+        "--batch-size",
+        "8",
+        "--mem-fraction",
+        "0.3",
+        "--",
+        sys.executable,
+        TRAIN,
+        "debug",
+        "--exp-name=x",
+        "--grad-accum-steps=3",
+    )
     assert proc.returncode == 2 and "error:" in proc.stderr
 
 
 @pytest.mark.parametrize("sig,code,said", [(signal.SIGTERM, 7, "got SIGTERM"), (signal.SIGINT, 8, "got SIGINT")])
 def test_run_forwards_signals_and_leaves_nothing_running(tmp_path, sig, code, said):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxfit.cli", "run", "--batch-size", "4", "--mem-fraction", "0.2", "--quiet", "--",
-         sys.executable, str(FIXTURES / "sleeper.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "jaxfit.cli",
+            "run",
+            "--batch-size",
+            "4",
+            "--mem-fraction",
+            "0.2",
+            "--quiet",
+            "--",
+            sys.executable,
+            str(FIXTURES / "sleeper.py"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
     )
     line = proc.stdout.readline()
     assert line.strip() == "ready batch=4", line + proc.stderr.read()
@@ -120,8 +199,16 @@ def test_run_forwards_signals_and_leaves_nothing_running(tmp_path, sig, code, sa
 
 def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
     marker = "jaxfit_probe_timeout_marker"
-    proc = run_cli("fit", "--script", "--probe-timeout", "3", "--", sys.executable, "-c",
-                   f"import time; {marker} = 1; time.sleep(120)")
+    proc = run_cli(
+        "fit",
+        "--script",
+        "--probe-timeout",
+        "3",
+        "--",
+        sys.executable,
+        "-c",
+        f"import time; {marker} = 1; time.sleep(120)",
+    )
     line = error_line(proc)
     assert "timed out after 3 s" in line and "--step-name" in line
     time.sleep(0.5)
@@ -133,16 +220,68 @@ def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
     [
         (["run", "--", "no-such-command-jaxfit"], "command not found: 'no-such-command-jaxfit'"),
         (["run", "--mem-fraction", "0.3"], "no command given after --"),
-        (["run", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, str(FIXTURES / "other_flag.py")],
-         "--help does not mention --batch-size"),
-        (["fit", "--script", "--step-name", "not_the_step", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py")],
-         "jitted functions it called (times): init (1), train_step (1)"),
-        (["fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step"],
-         "the script exited (code 1)"),
-        (["run", "--global-batch", "30", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable, TRAIN,
-          "debug", "--exp-name=x"], "--global-batch 30 is not a multiple of --batch-size 8"),
-        (["run", "--global-batch", "16", "--batch-size", "8", "--mem-fraction", "0.3", "--", sys.executable,
-          str(FIXTURES / "mini_train.py")], "--help does not mention --grad-accum-steps; --global-batch needs"),
+        (
+            [
+                "run",
+                "--batch-size",
+                "8",
+                "--mem-fraction",
+                "0.3",
+                "--",
+                sys.executable,
+                str(FIXTURES / "other_flag.py"),
+            ],
+            "--help does not mention --batch-size",
+        ),
+        (
+            [
+                "fit",
+                "--script",
+                "--step-name",
+                "not_the_step",
+                *SMALL,
+                "--",
+                sys.executable,
+                str(FIXTURES / "mini_train.py"),
+            ],
+            "jitted functions it called (times): init (1), train_step (1)",
+        ),
+        (
+            ["fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step"],
+            "the script exited (code 1)",
+        ),
+        (
+            [
+                "run",
+                "--global-batch",
+                "30",
+                "--batch-size",
+                "8",
+                "--mem-fraction",
+                "0.3",
+                "--",
+                sys.executable,
+                TRAIN,
+                "debug",
+                "--exp-name=x",
+            ],
+            "--global-batch 30 is not a multiple of --batch-size 8",
+        ),
+        (
+            [
+                "run",
+                "--global-batch",
+                "16",
+                "--batch-size",
+                "8",
+                "--mem-fraction",
+                "0.3",
+                "--",
+                sys.executable,
+                str(FIXTURES / "mini_train.py"),
+            ],
+            "--help does not mention --grad-accum-steps; --global-batch needs",
+        ),
     ],
 )
 def test_run_and_probe_bad_input(run_cli, args, message):
@@ -151,22 +290,26 @@ def test_run_and_probe_bad_input(run_cli, args, message):
 
 
 def test_probe_failure_shows_the_scripts_output(run_cli):
-    proc = run_cli("fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step")
+    proc = run_cli(
+        "fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step"
+    )
     assert "loading data failed: no such file" in proc.stderr
 
 
 def test_batch_must_divide_by_the_device_count(run_cli, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    proc = run_cli("run", "--batch-size", "7", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug",
-                   "--exp-name=x")
+    proc = run_cli(
+        "run", "--batch-size", "7", "--mem-fraction", "0.3", "--", sys.executable, TRAIN, "debug", "--exp-name=x"
+    )
     assert "does not divide by the 2 visible devices" in error_line(proc)
 
 
 def test_fit_wandb_logs_the_candidates_offline(tmp_path, run_cli, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    proc = run_cli("fit", "--example", "mlp-tiny", "--device-memory", "8MiB", "--wandb", "--wandb-mode", "offline",
-                   "--quiet")
+    proc = run_cli(
+        "fit", "--example", "mlp-tiny", "--device-memory", "8MiB", "--wandb", "--wandb-mode", "offline", "--quiet"
+    )
     assert proc.returncode == 0, proc.stderr
     _, config, history = wandb_run(tmp_path)
     assert config["jaxfit"]["mode"] == "batch" and config["jaxfit"]["mem_fraction"] == 0.45
@@ -182,8 +325,18 @@ def test_probe_works_in_an_old_jax_environment_without_jaxfit(tmp_path, run_cli,
     """openpi pins old jax (0.5) in its own environment: the probe must need neither jaxfit nor new jax."""
     python = old_jax_python
     assert subprocess.run([python, "-c", "import jaxfit"], capture_output=True, cwd=tmp_path).returncode != 0
-    proc = run_cli("fit", "--script", *SMALL, "--json", "old.json", "--", python, str(FIXTURES / "mini_train.py"),
-                   "--batch-size", "8")
+    proc = run_cli(
+        "fit",
+        "--script",
+        *SMALL,
+        "--json",
+        "old.json",
+        "--",
+        python,
+        str(FIXTURES / "mini_train.py"),
+        "--batch-size",
+        "8",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "old.json").read_text())
     assert result["device"]["jax_version"] == "0.5.0"

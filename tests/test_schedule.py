@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, error_line
+from helpers import REPO, error_line
 
-from jaxfit.schedule import packing
 from jaxfit.errors import ConfigError
-from jaxfit.schedule.queue_file import parse_queue
+from jaxfit.schedule import packing
 from jaxfit.schedule.planner import equal_share, resolve_gpus
+from jaxfit.schedule.queue_file import parse_queue
+
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 TRAIN = str(REPO / "scripts" / "train.py")
 GiB, MiB = 1 << 30, 1 << 20
@@ -41,8 +43,14 @@ def _debug_queue(folder: Path, name: str = "queue.yaml", **changes) -> Path:
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
-    return subprocess.run([sys.executable, "-m", "jaxfit.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=dict(os.environ, **(env or {})), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=dict(os.environ, **(env or {})),
+        timeout=timeout,
+    )
 
 
 def _repo_checkpoints() -> set[str]:
@@ -119,8 +127,20 @@ def test_two_logical_gpus_spread_the_runs(tmp_path, shared_cache, one_gpu_plan):
     # gpt-fixed at 0.6 leaves no room next to it for gpt-auto's share (0.48: 2 runs per GPU)
     queue = _debug_queue(tmp_path, **{"debug-gpt-fixed": {"fraction": 0.6}})
     before = _repo_checkpoints()
-    proc = _cli("schedule", str(queue), "--dry-run", "--gpus", "2", "--device-memory", "8GiB", "--json", "two.json",
-                *FAST, cwd=tmp_path, env=shared_cache)
+    proc = _cli(
+        "schedule",
+        str(queue),
+        "--dry-run",
+        "--gpus",
+        "2",
+        "--device-memory",
+        "8GiB",
+        "--json",
+        "two.json",
+        *FAST,
+        cwd=tmp_path,
+        env=shared_cache,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _repo_checkpoints() == before
     data = json.loads((tmp_path / "two.json").read_text())
@@ -144,14 +164,25 @@ def _small_queue(tmp_path: Path, text: str) -> Path:
 def test_the_debug_queue_runs_to_the_end(tmp_path, shared_cache):
     """configs/queue-debug.yaml for real: probe, plan, run four scripts/train.py runs, all done."""
     queue = _debug_queue(tmp_path)
-    proc = _cli("schedule", str(queue), *FAST, "--json", "result.json", "--monitor-interval", "0.5",
-                f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}", cwd=tmp_path,
-                env={**shared_cache, "WANDB_MODE": "disabled"}, timeout=600)
+    proc = _cli(
+        "schedule",
+        str(queue),
+        *FAST,
+        "--json",
+        "result.json",
+        "--monitor-interval",
+        "0.5",
+        f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}",
+        cwd=tmp_path,
+        env={**shared_cache, "WANDB_MODE": "disabled"},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     data = json.loads((tmp_path / "result.json").read_text())
     rows = {row["name"]: row for row in data["experiments"]}
     assert {name: row["state"] for name, row in rows.items()} == dict.fromkeys(
-        ["debug-gpt-auto", "debug-gpt-fixed", "debug-vit-batch", "debug-vit-accum"], "done")
+        ["debug-gpt-auto", "debug-gpt-fixed", "debug-vit-batch", "debug-vit-accum"], "done"
+    )
     assert rows["debug-vit-accum"]["batch_size"] == 32 and rows["debug-vit-accum"]["grad_accum_steps"] == 16
     for row in rows.values():
         log = Path(row["log_path"]).read_text()
@@ -165,7 +196,9 @@ def test_a_missing_queue_file_is_one_line(tmp_path):
 
 
 def test_a_run_too_big_for_the_gpu_is_rejected_with_its_need(tmp_path):
-    queue = _small_queue(tmp_path, f"""
+    queue = _small_queue(
+        tmp_path,
+        f"""
 device_memory: 8GiB
 reserve: 1GiB
 process_overhead: 0
@@ -174,33 +207,39 @@ experiments:
     command: [{sys.executable}, {TRAIN}, debug, --exp-name=huge]
     batch: 16
     fraction: 1.0
-""")
+""",
+    )
     line = error_line(_cli("schedule", str(queue), "--dry-run", cwd=tmp_path))
     assert "run 'huge' needs 8.00 GiB" in line and "7.00 GiB" in line
 
 
 @pytest.mark.parametrize("flags", [[], ["--gpus", "2"]])
 def test_no_gpu_and_no_size_asks_for_gpus_and_device_memory(tmp_path, flags):
-    queue = _small_queue(tmp_path, f"""
+    queue = _small_queue(
+        tmp_path,
+        f"""
 experiments:
   - name: a
     command: [{sys.executable}, {TRAIN}, debug, --exp-name=a]
     batch: 8
     fraction: 0.5
-""")
-    line = error_line(_cli("schedule", str(queue), "--dry-run", *flags, cwd=tmp_path,
-                           env={"CUDA_VISIBLE_DEVICES": ""}))
+""",
+    )
+    line = error_line(_cli("schedule", str(queue), "--dry-run", *flags, cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""}))
     assert "pass --gpus N --device-memory SIZE" in line
 
 
 def test_a_queue_of_given_settings_plans_without_probing(tmp_path):
-    queue = _small_queue(tmp_path, """
+    queue = _small_queue(
+        tmp_path,
+        """
 device_memory: 8GiB
 experiments:
   - {name: a, command: [definitely-not-run, --exp-name=a], batch: 8, fraction: 0.5}
   - {name: b, command: [definitely-not-run, --exp-name=b], batch: 8, fraction: 0.5, global_batch: 32}
   - {name: c, command: [definitely-not-run, --exp-name=c], batch: 8, fraction: 0.5}
-""")
+""",
+    )
     proc = _cli("schedule", str(queue), "--dry-run", "--json", "p.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "p.json").read_text())
@@ -230,7 +269,9 @@ def test_a_global_batch_below_the_fitted_batch_is_compiled_not_assumed(tmp_path,
     """The fitted micro-batch (2) is larger than the global batch (1): the run trains at 1 without
     accumulation, and batch 1 itself is compiled under the fraction (peaks need not grow with the
     batch), not assumed to fit."""
-    queue = _small_queue(tmp_path, f"""
+    queue = _small_queue(
+        tmp_path,
+        f"""
 device_memory: 1GiB
 process_overhead: 0
 experiments:
@@ -238,9 +279,11 @@ experiments:
     command: {json.dumps(_absolute("python scripts/train.py debug_vit --exp-name=small-global --overwrite"))}
     fraction: 0.05
     global_batch: 1
-""")
-    proc = _cli("schedule", str(queue), "--dry-run", "--json", "p.json", "--max-batch", "2", cwd=tmp_path,
-                env=shared_cache)
+""",
+    )
+    proc = _cli(
+        "schedule", str(queue), "--dry-run", "--json", "p.json", "--max-batch", "2", cwd=tmp_path, env=shared_cache
+    )
     assert proc.returncode == 0, proc.stderr
     assert "small-global: global batch 1 as 1 x 1" in proc.stdout + proc.stderr  # compiled at 1
     (run,) = json.loads((tmp_path / "p.json").read_text())["runs"]

@@ -9,7 +9,15 @@ import pytest
 
 from jaxfit.errors import ConfigError
 from jaxfit.fit.search import (
-    Bracket, Grid, affine_slope, doubling_bisection, next_round, prove, search, settled, trusted_prior,
+    Bracket,
+    Grid,
+    affine_slope,
+    doubling_bisection,
+    next_round,
+    prove,
+    search,
+    settled,
+    trusted_prior,
 )
 
 MiB = 1 << 20
@@ -163,6 +171,7 @@ def _two_phase(untuned, tuned, budget, grid, width=4, proof_width=2):
             assert all(p % grid.step == 0 and grid.first <= p <= grid.last for p in points)
             rounds.append((kind, points))
             return {p: f(p) - budget for p in points}
+
         return evaluate
 
     cheap = search(oracle("untuned", untuned, width), grid, width=width, leave_open=proof_width - 1)
@@ -172,7 +181,7 @@ def _two_phase(untuned, tuned, budget, grid, width=4, proof_width=2):
 
 @pytest.mark.parametrize("name,untuned,tuned,budget,grid,max_tuned_rounds", TWO_PHASE, ids=[c[0] for c in TWO_PHASE])
 def test_tuned_proof_finds_the_tuned_boundary(name, untuned, tuned, budget, grid, max_tuned_rounds):
-    cheap, proved, rounds = _two_phase(untuned, tuned, budget, grid)
+    _, proved, rounds = _two_phase(untuned, tuned, budget, grid)
     assert proved.answer == true_answer(tuned, budget, grid)
     tuned_rounds = [points for kind, points in rounds if kind == "tuned"]
     assert proved.rounds == len(tuned_rounds) <= max_tuned_rounds
@@ -194,9 +203,11 @@ def test_tuned_proof_of_a_right_untuned_answer_is_one_round_of_two():
 
 def test_tuned_proof_survives_a_pocket_in_the_tuned_curve():
     """A non-monotone tuned curve (the MLP on the H100): the answer is still a proved boundary."""
+
     def tuned(b):
         return 1e9 + 1e6 * b + (3e8 if 250 <= b <= 260 else 0)
-    cheap, proved, _ = _two_phase(lambda b: 1e9 + 1e6 * b, tuned, 1.3e9, Grid(1, 4096))
+
+    _, proved, _ = _two_phase(lambda b: 1e9 + 1e6 * b, tuned, 1.3e9, Grid(1, 4096))
     assert tuned(proved.answer) <= 1.3e9 < tuned(proved.answer + 1)
 
 

@@ -18,28 +18,47 @@ T0 = 1_700_000_000.0
 
 def _record(name: str, position: int, gpu: int, need_gib: float, state: str) -> ExperimentRecord:
     return ExperimentRecord(
-        name=name, position=position, gpu=gpu, mem_fraction=0.4, batch_size=32, grad_accum_steps=1,
-        need_bytes=int(need_gib * GIB), command=("python", "train.py"), env={},
-        retries=1, timeout=None, state=state,
+        name=name,
+        position=position,
+        gpu=gpu,
+        mem_fraction=0.4,
+        batch_size=32,
+        grad_accum_steps=1,
+        need_bytes=int(need_gib * GIB),
+        command=("python", "train.py"),
+        env={},
+        retries=1,
+        timeout=None,
+        state=state,
     )
 
 
 def _attempt(name: str, n: int, start: float, end: float | None, outcome: str | None) -> Attempt:
-    return Attempt(name=name, attempt=n, batch_size=32 // n, grad_accum_steps=n, pid=1000 + n,
-                   started_at=T0 + start, ended_at=None if end is None else T0 + end,
-                   exit_code=None if outcome is None else (0 if outcome == "done" else 1),
-                   outcome=outcome, log_path=f"logs/{name}.{n}.log")
+    return Attempt(
+        name=name,
+        attempt=n,
+        batch_size=32 // n,
+        grad_accum_steps=n,
+        pid=1000 + n,
+        started_at=T0 + start,
+        ended_at=None if end is None else T0 + end,
+        exit_code=None if outcome is None else (0 if outcome == "done" else 1),
+        outcome=outcome,
+        log_path=f"logs/{name}.{n}.log",
+    )
 
 
 @pytest.fixture
 def store(tmp_path):
     """Two GPUs, three experiments: ``b`` runs out of memory and is retried; ``c`` is still running."""
     s = StateStore(tmp_path / "state" / "state.sqlite")
-    s.add_experiments([
-        _record("a", 0, 0, 30, "done"),
-        _record("b", 1, 0, 40, "running"),
-        _record("c", 2, 1, 60, "running"),
-    ])
+    s.add_experiments(
+        [
+            _record("a", 0, 0, 30, "done"),
+            _record("b", 1, 0, 40, "running"),
+            _record("c", 2, 1, 60, "running"),
+        ]
+    )
     for attempt in [
         _attempt("a", 1, 0, 120, "done"),
         _attempt("b", 1, 5, 40, "oom"),
@@ -51,9 +70,11 @@ def store(tmp_path):
     for k in range(0, 150, 5):
         t = T0 + k
         used0 = (28 if k < 120 else 0) + (38 if 5 <= k < 40 or k >= 45 else 0)
-        samples += [Sample(t=t, gpu=0, used_bytes=used0 * GIB, total_bytes=80 * GIB, utilization=50.0),
-                    Sample(t=t, gpu=1, used_bytes=(55 if k >= 10 else 1) * GIB, total_bytes=80 * GIB),
-                    Sample(t=t, gpu=1, used_bytes=(55 if k >= 10 else 1) * GIB, name="c", pid=1001)]
+        samples += [
+            Sample(t=t, gpu=0, used_bytes=used0 * GIB, total_bytes=80 * GIB, utilization=50.0),
+            Sample(t=t, gpu=1, used_bytes=(55 if k >= 10 else 1) * GIB, total_bytes=80 * GIB),
+            Sample(t=t, gpu=1, used_bytes=(55 if k >= 10 else 1) * GIB, name="c", pid=1001),
+        ]
     s.add_samples(samples)
     yield s
     s.close()
@@ -74,8 +95,12 @@ def test_draws_two_gpus_with_a_retry(store, tmp_path):
     out = tmp_path / "pictures"
     out.mkdir()
     path = draw_timeline(
-        out / "timeline.png", store.experiments(), store.attempts(), store.samples(),
-        [(0, 80 * GIB, 76 * GIB), (1, 80 * GIB, 76 * GIB)], title="queue.yaml",
+        out / "timeline.png",
+        store.experiments(),
+        store.attempts(),
+        store.samples(),
+        [(0, 80 * GIB, 76 * GIB), (1, 80 * GIB, 76 * GIB)],
+        title="queue.yaml",
     )
     assert path == out / "timeline.png"
     height, width, _ = _check_png(path)
@@ -84,39 +109,52 @@ def test_draws_two_gpus_with_a_retry(store, tmp_path):
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)
 
     # Drawing again replaces the file in place.
-    again = draw_timeline(str(path), store.experiments(), store.attempts(), store.samples(),
-                          [(0, 80 * GIB, 76 * GIB), (1, 80 * GIB, 76 * GIB)])
+    again = draw_timeline(
+        str(path),
+        store.experiments(),
+        store.attempts(),
+        store.samples(),
+        [(0, 80 * GIB, 76 * GIB), (1, 80 * GIB, 76 * GIB)],
+    )
     assert again == path and os.listdir(out) == ["timeline.png"]
 
 
 def test_one_experiment_and_no_samples(tmp_path):
     """A CPU schedule: logical GPU, nothing measured; also a GPU lane where nothing ran."""
     path = draw_timeline(
-        tmp_path / "new" / "sub" / "t.png", [_record("only", 0, 0, 8, "done")],
-        [_attempt("only", 1, 0, 3, "done")], [], [(0, 16 * GIB, 15 * GIB), (1, 16 * GIB, 15 * GIB)],
+        tmp_path / "new" / "sub" / "t.png",
+        [_record("only", 0, 0, 8, "done")],
+        [_attempt("only", 1, 0, 3, "done")],
+        [],
+        [(0, 16 * GIB, 15 * GIB), (1, 16 * GIB, 15 * GIB)],
     )
     _check_png(path)
     assert os.listdir(path.parent) == ["t.png"]
 
 
 def test_nothing_ran_yet(tmp_path):
-    path = draw_timeline(tmp_path / "t.png", [_record("a", 0, 0, 8, "pending")], [], [],
-                         [(0, 16 * GIB, 15 * GIB)])
+    path = draw_timeline(tmp_path / "t.png", [_record("a", 0, 0, 8, "pending")], [], [], [(0, 16 * GIB, 15 * GIB)])
     _check_png(path, min_bytes=2_000)
 
 
 def test_lanes_for_gpus_not_listed(store, tmp_path):
     """GPU 1 is used but not passed: it gets a lane without total and capacity lines."""
-    path = draw_timeline(tmp_path / "t.png", store.experiments(), store.attempts(), store.samples(),
-                         [(0, 80 * GIB, 76 * GIB)])
+    path = draw_timeline(
+        tmp_path / "t.png", store.experiments(), store.attempts(), store.samples(), [(0, 80 * GIB, 76 * GIB)]
+    )
     height, _, _ = _check_png(path)
     assert height >= 500  # two lanes
 
 
 def test_pyplot_is_left_alone(store, tmp_path):
     before = "matplotlib.pyplot" in sys.modules
-    draw_timeline(tmp_path / "t.png", store.experiments(), store.attempts(), store.samples(),
-                  [(0, 80 * GIB, 76 * GIB), (1, 80 * GIB, 76 * GIB)])
+    draw_timeline(
+        tmp_path / "t.png",
+        store.experiments(),
+        store.attempts(),
+        store.samples(),
+        [(0, 80 * GIB, 76 * GIB), (1, 80 * GIB, 76 * GIB)],
+    )
     assert ("matplotlib.pyplot" in sys.modules) == before
 
 

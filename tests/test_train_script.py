@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from wandb_offline import wandb_run
 
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "train.py"
 
@@ -28,7 +30,11 @@ def train(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subp
     environment.update(env or {})
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],
-        capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=180,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=environment,
+        timeout=180,
     )
 
 
@@ -47,7 +53,8 @@ def final_loss(stdout: str) -> float:
 def checkpoint_steps(checkpoint_dir: Path) -> list[int]:
     """The steps of the finished orbax checkpoints in a checkpoint directory."""
     return sorted(
-        int(p.name) for p in checkpoint_dir.iterdir()
+        int(p.name)
+        for p in checkpoint_dir.iterdir()
         if p.is_dir() and p.name.isdigit() and (p / "_CHECKPOINT_METADATA").exists()
     )
 
@@ -124,7 +131,11 @@ def test_existing_checkpoint_dir_needs_overwrite_or_resume(tmp_path: Path) -> No
 
 def test_grad_accum_must_divide_the_batch(tmp_path: Path) -> None:
     result = train(
-        tmp_path, "debug", "--exp-name=g", "--batch-size=6", "--grad-accum-steps=4",
+        tmp_path,
+        "debug",
+        "--exp-name=g",
+        "--batch-size=6",
+        "--grad-accum-steps=4",
         f"--checkpoint-base-dir={tmp_path / 'ck'}",
     )
     assert result.returncode == 2
@@ -135,8 +146,13 @@ def test_grad_accum_must_divide_the_batch(tmp_path: Path) -> None:
 
 def test_grad_accum_trains(tmp_path: Path) -> None:
     result = train(
-        tmp_path, "debug", "--exp-name=g", "--batch-size=8", "--grad-accum-steps=2",
-        f"--checkpoint-base-dir={tmp_path / 'ck'}", "--no-wandb-enabled",
+        tmp_path,
+        "debug",
+        "--exp-name=g",
+        "--batch-size=8",
+        "--grad-accum-steps=2",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}",
+        "--no-wandb-enabled",
         env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.42"},
     )
     assert result.returncode == 0, result.stderr
@@ -156,10 +172,16 @@ def test_help_lists_configs_and_fields(tmp_path: Path, args: list[str]) -> None:
     result = train(tmp_path, *args)
     assert result.returncode == 0, result.stderr
     if args == ["--help"]:
-        for name in ("debug", "debug_vit", "gpt_small", "gpt_small_bf16_remat", "vit_small",
-                     "gpt_medium_bf16_remat"):
+        for name in ("debug", "debug_vit", "gpt_small", "gpt_small_bf16_remat", "vit_small", "gpt_medium_bf16_remat"):
             assert name in result.stdout
     else:
-        for flag in ("--exp-name", "--batch-size", "--grad-accum-steps", "--num-train-steps",
-                     "--overwrite", "--resume", "--no-wandb-enabled"):
+        for flag in (
+            "--exp-name",
+            "--batch-size",
+            "--grad-accum-steps",
+            "--num-train-steps",
+            "--overwrite",
+            "--resume",
+            "--no-wandb-enabled",
+        ):
             assert flag in result.stdout

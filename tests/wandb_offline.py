@@ -47,8 +47,11 @@ def wandb_run(tmp_path: Path) -> tuple[str, dict[str, object], list[dict[str, ob
     run_id = ""
     for record in wandb_records(run_file):
         kind = record.WhichOneof("record_type")
-        items = {"run": lambda r: r.run.config.update, "config": lambda r: r.config.update,
-                 "history": lambda r: r.history.item}.get(kind)
+        items = {
+            "run": lambda r: r.run.config.update,
+            "config": lambda r: r.config.update,
+            "history": lambda r: r.history.item,
+        }.get(kind)
         if items is None:
             continue
         values = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items(record)}

@@ -84,7 +84,7 @@ def set_persistent_cache(enabled: bool) -> Optional[bool]:
     import jax
 
     try:
-        was = bool(jax.config.jax_enable_compilation_cache)
+        was = bool(getattr(jax.config, "jax_enable_compilation_cache"))  # noqa: B009 - not every jax has it
     except AttributeError:
         return None
     if was != enabled:
@@ -195,8 +195,10 @@ class JsonStore:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
         with self._lock, self._db:
-            self._db.execute("CREATE TABLE IF NOT EXISTS %s (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
-                             "created REAL NOT NULL)" % table)
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS %s (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
+                "created REAL NOT NULL)" % table
+            )
 
     def get(self, key: str) -> Optional[Dict[str, Any]]:
         """The value stored under ``key``, or ``None``."""
@@ -207,8 +209,10 @@ class JsonStore:
     def put(self, key: str, value: Dict[str, Any]) -> None:
         """Store one value (replacing any under the same key)."""
         with self._lock, self._db:
-            self._db.execute("INSERT OR REPLACE INTO %s (key, value, created) VALUES (?, ?, ?)" % self._table,
-                             (key, json.dumps(value), time.time()))
+            self._db.execute(
+                "INSERT OR REPLACE INTO %s (key, value, created) VALUES (?, ?, ?)" % self._table,
+                (key, json.dumps(value), time.time()),
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -269,8 +273,9 @@ class Server:
       cache_path: The SQLite compile cache, or ``None``.
     """
 
-    def __init__(self, lower: Callable[[int], Any], replies: TextIO, workload: Dict[str, Any],
-                 cache_path: Optional[str] = None) -> None:
+    def __init__(
+        self, lower: Callable[[int], Any], replies: TextIO, workload: Dict[str, Any], cache_path: Optional[str] = None
+    ) -> None:
         self.lower = lower
         self.replies = replies
         self.workload = workload
@@ -317,22 +322,40 @@ class Server:
             key = self._cache_key(fingerprint, options)
             hit = self.cache.get(key) if self.cache is not None else None
             if hit is not None:
-                return {"batch": batch, "ok": True, "memory": hit, "cached": True,
-                        "compile_s": time.perf_counter() - start, "fingerprint": fingerprint}
+                return {
+                    "batch": batch,
+                    "ok": True,
+                    "memory": hit,
+                    "cached": True,
+                    "compile_s": time.perf_counter() - start,
+                    "fingerprint": fingerprint,
+                }
             compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
             memory = memory_of(compiled)
             if not options:  # the program as training compiles it: keep it for ``pin``
                 self._keep(batch, fingerprint, compiled, memory)
             if self.cache is not None:
                 self.cache.put(key, memory)
-            return {"batch": batch, "ok": True, "memory": memory, "cached": False,
-                    "compile_s": time.perf_counter() - start, "fingerprint": fingerprint}
+            return {
+                "batch": batch,
+                "ok": True,
+                "memory": memory,
+                "cached": False,
+                "compile_s": time.perf_counter() - start,
+                "fingerprint": fingerprint,
+            }
         except Exception as e:  # an answer, not a crash: the parent decides what it means
             message = "%s: %s" % (type(e).__name__, e)
             if os.environ.get("JAXFIT_DEBUG"):
                 traceback.print_exc()
-            return {"batch": batch, "ok": False, "oom": is_out_of_memory(message), "error": message,
-                    "traceback": traceback.format_exc(limit=8), "compile_s": time.perf_counter() - start}
+            return {
+                "batch": batch,
+                "ok": False,
+                "oom": is_out_of_memory(message),
+                "error": message,
+                "traceback": traceback.format_exc(limit=8),
+                "compile_s": time.perf_counter() - start,
+            }
 
     def _keep(self, batch: int, fingerprint: str, compiled: Any, memory: Dict[str, Any]) -> None:
         with self._kept_lock:
@@ -368,9 +391,17 @@ class Server:
             with open(tmp, "wb") as f:
                 f.write(payload)
             os.replace(tmp, path)
-            return {"op": "pinned", "ok": True, "batch": batch, "fingerprint": fingerprint, "memory": memory,
-                    "recompiled": recompiled, "bytes": len(payload), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                    "seconds": time.perf_counter() - start}
+            return {
+                "op": "pinned",
+                "ok": True,
+                "batch": batch,
+                "fingerprint": fingerprint,
+                "memory": memory,
+                "recompiled": recompiled,
+                "bytes": len(payload),
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "seconds": time.perf_counter() - start,
+            }
         except Exception as e:  # e.g. a backend that cannot serialise, a full disk
             return {"op": "pinned", "ok": False, "batch": batch, "error": "%s: %s" % (type(e).__name__, e)}
 
@@ -403,7 +434,10 @@ class Server:
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=20, check=True,
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
             ).stdout
         except (OSError, subprocess.SubprocessError) as e:
             return {"op": "overhead", "bytes": None, "method": "nvidia-smi unavailable: %s" % e}
@@ -411,8 +445,13 @@ class Server:
             fields = [f.strip() for f in line.split(",")]
             if len(fields) == 2 and fields[0] == str(os.getpid()) and fields[1].isdigit():
                 used = int(fields[1]) << 20
-                return {"op": "overhead", "bytes": max(0, used - pool), "method": "nvidia-smi minus pool",
-                        "process_used_bytes": used, "pool_bytes": pool}
+                return {
+                    "op": "overhead",
+                    "bytes": max(0, used - pool),
+                    "method": "nvidia-smi minus pool",
+                    "process_used_bytes": used,
+                    "pool_bytes": pool,
+                }
         return {"op": "overhead", "bytes": None, "method": "this process is not in nvidia-smi's list"}
 
     def serve(self, requests: TextIO) -> None:
@@ -436,6 +475,16 @@ class Server:
 
 def send_error(replies: TextIO, kind: str, error_class: str, message: str) -> None:
     """Report a failure to start (no workload, no step found...)."""
-    replies.write(json.dumps({"op": "error", "kind": kind, "error_class": error_class, "message": message,
-                              "traceback": traceback.format_exc(limit=8)}) + "\n")
+    replies.write(
+        json.dumps(
+            {
+                "op": "error",
+                "kind": kind,
+                "error_class": error_class,
+                "message": message,
+                "traceback": traceback.format_exc(limit=8),
+            }
+        )
+        + "\n"
+    )
     replies.flush()

@@ -71,8 +71,13 @@ def load_pin(path: str) -> Dict[str, Any]:
 
 
 def _peak(memory: Dict[str, Any]) -> int:
-    return (int(memory["argument_bytes"]) + int(memory["output_bytes"]) - int(memory["alias_bytes"])
-            + int(memory["temp_bytes"]) + int(memory.get("generated_code_bytes") or 0))
+    return (
+        int(memory["argument_bytes"])
+        + int(memory["output_bytes"])
+        - int(memory["alias_bytes"])
+        + int(memory["temp_bytes"])
+        + int(memory.get("generated_code_bytes") or 0)
+    )
 
 
 def _mismatch(pin: Dict[str, Any], fingerprint: str) -> Optional[str]:
@@ -89,8 +94,10 @@ def _mismatch(pin: Dict[str, Any], fingerprint: str) -> Optional[str]:
     if (pin.get("xla_flags") or "") != os.environ.get("XLA_FLAGS", ""):
         return "XLA_FLAGS %r here, %r in the fit" % (os.environ.get("XLA_FLAGS", ""), pin.get("xla_flags") or "")
     if fingerprint != pin.get("fingerprint"):
-        return ("the step lowers to another program than the one fitted (another batch size, config value or "
-                "argument; the fit was at batch %s)" % pin.get("batch_size"))
+        return (
+            "the step lowers to another program than the one fitted (another batch size, config value or "
+            "argument; the fit was at batch %s)" % pin.get("batch_size")
+        )
     return None
 
 
@@ -131,8 +138,10 @@ class PinnedStep:
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         if any(isinstance(x, jax.core.Tracer) for x in leaves):  # called inside another traced function
             return self._jitted(*args, **kwargs)
-        signature = (tree, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__)))
-                                 for x in leaves))
+        signature = (
+            tree,
+            tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in leaves),
+        )
         compiled = self._program(signature, args, kwargs)
         if compiled is None:
             return self._jitted(*args, **kwargs)
@@ -160,10 +169,16 @@ class PinnedStep:
             with server_mod.runtime_typechecks_off():
                 lowered = self._jitted.lower(*args, **kwargs)
         except Exception as e:  # never break the training over jaxfit's check: run the step as it is
-            self._record(pinned=False, peak=None, reason="the step could not be lowered for the check (%s: %s)"
-                         % (type(e).__name__, _first_line(e)))
-            print("jaxfit: the train step runs unchecked: it could not be lowered (%s)" % type(e).__name__,
-                  file=sys.stderr, flush=True)
+            self._record(
+                pinned=False,
+                peak=None,
+                reason="the step could not be lowered for the check (%s: %s)" % (type(e).__name__, _first_line(e)),
+            )
+            print(
+                "jaxfit: the train step runs unchecked: it could not be lowered (%s)" % type(e).__name__,
+                file=sys.stderr,
+                flush=True,
+            )
             return None
         pin = self._pin
         reason = self._pin_error
@@ -182,33 +197,50 @@ class PinnedStep:
                 reason = "the pinned executable could not be loaded (%s: %s)" % (type(e).__name__, _first_line(e))
             else:
                 self._record(pinned=True, peak=int(pin["peak_bytes"]), reason=None)
-                print("jaxfit: the train step runs the program jaxfit proved (peak %s of a %s budget, batch %s)"
-                      % (_format_bytes(pin["peak_bytes"]), _format_bytes(pin.get("budget_bytes")),
-                         pin.get("batch_size")), file=sys.stderr, flush=True)
+                print(
+                    "jaxfit: the train step runs the program jaxfit proved (peak %s of a %s budget, batch %s)"
+                    % (_format_bytes(pin["peak_bytes"]), _format_bytes(pin.get("budget_bytes")), pin.get("batch_size")),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return compiled
         with server_mod.persistent_cache_off():  # a cache-served program can misreport its aliasing
             compiled = lowered.compile()
         peak = _peak(server_mod.memory_of(compiled))
         budget = int(pin["budget_bytes"]) if pin and pin.get("budget_bytes") else None
         self._record(pinned=False, peak=peak, reason=reason, stopped=budget is not None and peak > budget)
-        if budget is not None and peak > budget:
-            print("jaxfit: error: the train step compiled in this process needs %s, which %s of %s (fraction %s); "
-                  "it was stopped before its first step instead of running out of memory. It is not the proven "
-                  "program: %s. Run the batch and settings jaxfit chose (the fit was at batch %s), or fit again "
-                  "with this command and environment"
-                  % (_format_bytes(peak), GUARD_MARKER, _format_bytes(budget), pin.get("mem_fraction"), reason,
-                     pin.get("batch_size")), file=sys.stderr, flush=True)
+        if pin is not None and budget is not None and peak > budget:
+            print(
+                "jaxfit: error: the train step compiled in this process needs %s, which %s of %s (fraction %s); "
+                "it was stopped before its first step instead of running out of memory. It is not the proven "
+                "program: %s. Run the batch and settings jaxfit chose (the fit was at batch %s), or fit again "
+                "with this command and environment"
+                % (
+                    _format_bytes(peak),
+                    GUARD_MARKER,
+                    _format_bytes(budget),
+                    pin.get("mem_fraction"),
+                    reason,
+                    pin.get("batch_size"),
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
             sys.stderr.flush()
             os._exit(GUARD_EXIT)
-        print("jaxfit: the train step is not the program jaxfit proved (%s); its own compile needs %s%s"
-              % (reason, _format_bytes(peak), " of a %s budget: it fits" % _format_bytes(budget) if budget else ""),
-              file=sys.stderr, flush=True)
+        print(
+            "jaxfit: the train step is not the program jaxfit proved (%s); its own compile needs %s%s"
+            % (reason, _format_bytes(peak), " of a %s budget: it fits" % _format_bytes(budget) if budget else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         return compiled
 
     def _record(self, *, pinned: bool, peak: Optional[int], reason: Optional[str], stopped: bool = False) -> None:
         pin = self._pin or {}
-        self._decisions.append({"program_pinned": pinned, "program_peak_bytes": peak, "reason": reason,
-                                "stopped": stopped})
+        self._decisions.append(
+            {"program_pinned": pinned, "program_peak_bytes": peak, "reason": reason, "stopped": stopped}
+        )
         if not self._report_path:
             return
         report = {

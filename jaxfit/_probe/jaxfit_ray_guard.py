@@ -37,6 +37,7 @@ for sig in signal.valid_signals():
 
 try:
     import ctypes
+
     prctl = ctypes.CDLL(None).prctl
 except Exception:  # not Linux, or no ctypes
     prctl = None
@@ -49,8 +50,9 @@ def death_signal():
 
 
 try:
-    runner = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=2, stderr=2, start_new_session=True,
-                              preexec_fn=death_signal)
+    runner = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=2, stderr=2, start_new_session=True, preexec_fn=death_signal
+    )
 except OSError as e:
     os.write(1, ("error cannot start the runner: %s\n" % e.strerror).encode())
     os._exit(0)

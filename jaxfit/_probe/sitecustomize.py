@@ -222,11 +222,20 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
             call_args[index] = _resized(args[index], batch)
             return jitted.lower(*call_args, **kwargs)
 
-        description = {"script": sys.argv, "step_name": _function_name(fun), "batch_arg": index,
-                       "script_batch_size": seen_batch, "step_found": found,
-                       "called": dict(_calls)}
-        server = server_mod.Server(lower, replies, {"name": _function_name(fun), "description": description},
-                                   cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None)
+        description = {
+            "script": sys.argv,
+            "step_name": _function_name(fun),
+            "batch_arg": index,
+            "script_batch_size": seen_batch,
+            "step_found": found,
+            "called": dict(_calls),
+        }
+        server = server_mod.Server(
+            lower,
+            replies,
+            {"name": _function_name(fun), "description": description},
+            cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
+        )
     except Exception as e:
         server_mod.send_error(replies, "user", "WorkloadError", "the script's step %r: %s" % (_function_name(fun), e))
         os._exit(3)
@@ -269,7 +278,10 @@ def _step_like(args: tuple, donated: "tuple[int, ...]") -> "Optional[str]":
     if not others:
         return None  # the batch alone: a data transform, not a step
     if any(i in donated for i in others):
-        return "it donates argument %d and takes a batch (argument %d)" % ([i for i in others if i in donated][0], index)
+        return "it donates argument %d and takes a batch (argument %d)" % (
+            [i for i in others if i in donated][0],
+            index,
+        )
     return "it takes a batch (argument %d) next to other arrays" % index
 
 
@@ -282,11 +294,14 @@ def _stop_training(name: str, why: str) -> None:
 
     again = _calls.get(name, 0) >= 2
     server_mod.send_error(
-        _open_channels()[1], "user", "WorkloadError",
+        _open_channels()[1],
+        "user",
+        "WorkloadError",
         "the script never called a jitted function named %r, and it was about to train (%r %s; %s), so the probe "
         "stopped it before that call ran; jitted functions it called (times): %s; pass --step-name with the "
         "name of its train step, e.g. --step-name %s"
-        % (STEP_NAME, name, "was called a second time" if again else "looks like a train step", why, called, name))
+        % (STEP_NAME, name, "was called a second time" if again else "looks like a train step", why, called, name),
+    )
     os._exit(3)
 
 
@@ -313,8 +328,13 @@ class _Watched:
         why = _step_like(args, self._donated)
         named_pending = STEP_NAME in _seen and STEP_NAME not in _calls  # the named step comes later
         if why is not None and STEP_AUTO and not named_pending and (count >= 2 or "donates" in why):
-            _serve(self._jitted, self._fun, args, kwargs,
-                   "found: %s%s" % (why, "; called a second time" if count >= 2 else ""))
+            _serve(
+                self._jitted,
+                self._fun,
+                args,
+                kwargs,
+                "found: %s%s" % (why, "; called a second time" if count >= 2 else ""),
+            )
         if why is not None and (count >= 2 or "donates" in why):
             _stop_training(self._name, why)
         return self._jitted(*args, **kwargs)

@@ -61,8 +61,14 @@ class ScriptArgs:
         """The script after ``--``, as a workload source."""
         from jaxfit.fit.sources import script_source
 
-        return script_source(COMMAND, step_name=self.step_name, batch_flag=self.batch_flag,
-                             batch_arg=self.batch_arg, probe_args=list(self.probe_args), accum_flag=self.accum_flag)
+        return script_source(
+            COMMAND,
+            step_name=self.step_name,
+            batch_flag=self.batch_flag,
+            batch_arg=self.batch_arg,
+            probe_args=list(self.probe_args),
+            accum_flag=self.accum_flag,
+        )
 
 
 def consoles(quiet: bool) -> tuple[Console, ProgressPrinter | None]:
@@ -139,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" in args:
         split = args.index("--")
-        COMMAND[:] = args[split + 1:]
+        COMMAND[:] = args[split + 1 :]
         args = args[:split]
     if not args:
         args = ["fit"]
@@ -147,16 +153,19 @@ def main(argv: list[str] | None = None) -> int:
     _REAL_STDERR[:] = [sys.stderr]
     sys.stderr = io.StringIO()
     try:
-        code = app.cli(prog="jaxfit", args=args,
-                       description="jaxfit: ask the XLA compiler what fits, before an OOM does.")
+        code = app.cli(
+            prog="jaxfit", args=args, description="jaxfit: ask the XLA compiler what fits, before an OOM does."
+        )
     except SystemExit as e:
         held = sys.stderr
         parsed(replay=e.code != 2)
         if e.code == 2 and isinstance(held, io.StringIO):  # tyro's parsing error, held back
             command = next((a for a in args if not a.startswith("-")), "")
             command = command if command in SUBCOMMANDS else ""
-            print(f"jaxfit: error: {one_line(held.getvalue())}; see jaxfit {command + ' ' if command else ''}--help",
-                  file=sys.stderr)
+            print(
+                f"jaxfit: error: {one_line(held.getvalue())}; see jaxfit {command + ' ' if command else ''}--help",
+                file=sys.stderr,
+            )
             return 2
         raise
     except JaxfitError as e:
@@ -173,5 +182,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         parsed()
     return code if isinstance(code, int) else 0
-
-

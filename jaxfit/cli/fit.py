@@ -10,6 +10,7 @@ from rich.console import Console
 from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, WandbMode, app, consoles, parsed
 from jaxfit.errors import JaxfitError
 from jaxfit.fit.options import FitOptions
+from jaxfit.fit.sources import Source
 
 
 def overrides_of(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -64,9 +65,9 @@ def fit_command(
         wandb_project: The W&B project of --wandb.
     """
     parsed()
-    from jaxfit.fit import fit_batch, fit_fraction
     from jaxfit.cli.output import print_result
     from jaxfit.files import check_writable, write_json
+    from jaxfit.fit import fit_batch, fit_fraction
     from jaxfit.fit.sources import ScriptSource, entry_source, example_source
 
     if sum(bool(x) for x in (example, entry, script)) > 1:
@@ -77,6 +78,7 @@ def fit_command(
         raise JaxfitError("--set applies to built-in examples only; configure an --entry in its own code")
     if json:
         check_writable(json)
+    source: Source
     if script:
         source = probe.source()
     elif entry:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -33,8 +32,13 @@ def result_table(result: FitResult) -> Table:
             row += [f"{c.mem_fraction:.2f}", format_bytes(c.limit_bytes)]
         else:
             row.append(str(c.batch_size))
-        row += [format_bytes(c.argument_bytes), format_bytes(c.temp_bytes), format_bytes(c.output_bytes),
-                format_bytes(c.alias_bytes), format_bytes(c.peak_bytes)]
+        row += [
+            format_bytes(c.argument_bytes),
+            format_bytes(c.temp_bytes),
+            format_bytes(c.output_bytes),
+            format_bytes(c.alias_bytes),
+            format_bytes(c.peak_bytes),
+        ]
         row.append("[green]yes[/]" if c.fits else ("[red]OOM[/]" if c.oom else "[red]no[/]"))
         note = " cache" if c.cached else (" tuned" if c.autotuned and result.device.get("limit_sensitive") else "")
         row.append(f"{c.compile_seconds:.1f}{note}")
@@ -64,8 +68,9 @@ def run_line(result: FitResult, command: list[str] | None = None, batch_flag: st
     return "run with: " + " ".join(words)
 
 
-def print_result(result: FitResult, console: Console, command: list[str] | None = None,
-                 batch_flag: str = "--batch-size") -> None:
+def print_result(
+    result: FitResult, console: Console, command: list[str] | None = None, batch_flag: str = "--batch-size"
+) -> None:
     """The table, then a summary of the answer, then how to run it (:func:`run_line`)."""
     console.print(result_table(result))
     total = result.device.get("total_bytes")
@@ -75,14 +80,20 @@ def print_result(result: FitResult, console: Console, command: list[str] | None 
         f"headroom {format_bytes(result.headroom_bytes)}, budget {format_bytes(result.budget_bytes)}\n"
         f"{result.compiles} compiles in {result.rounds} rounds, {result.wall_seconds:.1f} s"
         + (" (answer cache)" if result.cached else "")
-        + (f"; per-process overhead outside the pool: {format_bytes(result.process_overhead_bytes)}"
-           if result.process_overhead_bytes else "")
+        + (
+            f"; per-process overhead outside the pool: {format_bytes(result.process_overhead_bytes)}"
+            if result.process_overhead_bytes
+            else ""
+        )
     )
     console.print(run_line(result, command, batch_flag), highlight=False, soft_wrap=True, markup=False)
     if result.pinned:
-        console.print("(JAXFIT_PIN makes the train step load the very program proved above; without it the "
-                      "training process compiles its own, which near the limit can need more memory)",
-                      style="dim", highlight=False)
+        console.print(
+            "(JAXFIT_PIN makes the train step load the very program proved above; without it the "
+            "training process compiles its own, which near the limit can need more memory)",
+            style="dim",
+            highlight=False,
+        )
     elif result.pin_note:
         console.print(f"({result.pin_note})", style="dim", highlight=False)
 
@@ -104,19 +115,28 @@ class ProgressPrinter:
                 f"budget {format_bytes(data['budget'])}[/]"
             )
         elif event == "round":
-            what = (f"fractions {', '.join(f'{f:.2f}' for f in data['fractions'])}" if "fractions" in data
-                    else f"batch {', '.join(map(str, data['batches']))}")
+            what = (
+                f"fractions {', '.join(f'{f:.2f}' for f in data['fractions'])}"
+                if "fractions" in data
+                else f"batch {', '.join(map(str, data['batches']))}"
+            )
             tuned = " (autotuned)" if data.get("autotune") else ""
             c.print(f"[dim]round {data['round']}: compiling {what}{tuned}[/]")
         elif event == "compiled":
             o = data["outcome"]
             where = f" @ {data['fraction']:.2f}" if "fraction" in data else ""
             if o.memory is None and o.oom:
-                c.print(f"[dim]  batch {o.batch_size}{where}: out of memory while compiling ({o.compile_seconds:.1f} s)[/]")
+                c.print(
+                    f"[dim]  batch {o.batch_size}{where}: out of memory while compiling ({o.compile_seconds:.1f} s)[/]"
+                )
             elif o.memory is None:
                 error = (o.error or "unknown error").strip().splitlines()[0][:160]
-                c.print(f"  batch {o.batch_size}{where}: failed to compile: {error}", markup=False, style="dim",
-                        highlight=False)
+                c.print(
+                    f"  batch {o.batch_size}{where}: failed to compile: {error}",
+                    markup=False,
+                    style="dim",
+                    highlight=False,
+                )
             else:
                 fits = o.memory.peak_bytes <= data["budget"]
                 c.print(

@@ -42,14 +42,20 @@ def run_command(
         quiet: No fit progress.
     """
     parsed()
-    from jaxfit.run.launch import execute, plan_run
     from jaxfit.files import check_writable, write_json
+    from jaxfit.run.launch import execute, plan_run
 
     if json:
         check_writable(json)
     out, progress = consoles(quiet)
-    plan = plan_run(probe.source(), options.validate(), batch_size=batch_size,
-                    fraction_given=options.mem_fraction is not None, global_batch=global_batch, progress=progress)
+    plan = plan_run(
+        probe.source(),
+        options.validate(),
+        batch_size=batch_size,
+        fraction_given=options.mem_fraction is not None,
+        global_batch=global_batch,
+        progress=progress,
+    )
     err = Console(stderr=True)
     err.print(f"[bold]jaxfit run:[/] {plan.summary()}", highlight=False)
     if json:
@@ -60,6 +66,13 @@ def run_command(
     outcome = execute(plan, wandb_mode=wandb_mode)
     err.print(f"[bold]jaxfit run:[/] exit code {outcome.exit_code}; {outcome.summary()}", highlight=False)
     if json:
-        write_json(json, dict(plan.to_dict(), run=outcome.to_dict(), program_pinned=outcome.program_pinned,
-                              pinned_peak_bytes=outcome.pinned_peak_bytes))
+        write_json(
+            json,
+            dict(
+                plan.to_dict(),
+                run=outcome.to_dict(),
+                program_pinned=outcome.program_pinned,
+                pinned_peak_bytes=outcome.pinned_peak_bytes,
+            ),
+        )
     return outcome.exit_code

@@ -69,13 +69,13 @@ def schedule_command(
     parsed()
     from pathlib import Path
 
-    from jaxfit.schedule.folder import check_state_dir, default_state_dir
-    from jaxfit.schedule.scheduler import ExecuteOptions
-    from jaxfit.fit.options import FitOptions
-    from jaxfit.schedule.queue_file import load_queue
     from jaxfit.files import check_writable, write_json
-    from jaxfit.schedule.planner import gpu_lines, plan_queue, schedule_dict, schedule_table
+    from jaxfit.fit.options import FitOptions
     from jaxfit.schedule.flow import target_gpus
+    from jaxfit.schedule.folder import check_state_dir, default_state_dir
+    from jaxfit.schedule.planner import gpu_lines, plan_queue, schedule_dict, schedule_table
+    from jaxfit.schedule.queue_file import load_queue
+    from jaxfit.schedule.scheduler import ExecuteOptions
 
     if COMMAND:
         raise JaxfitError("jaxfit schedule takes no command after --; the commands are in the queue file")
@@ -98,17 +98,30 @@ def schedule_command(
     if resume:
         from jaxfit.schedule.flow import resume_schedule
 
-        outcome = resume_schedule(folder, console=out, execute_options=execute_options, ray_address=ray_address,
-                                  quiet=quiet, timeline_path=Path(timeline) if timeline else None,
-                                  queue=load_queue(queue) if Path(queue).exists() else None)
+        outcome = resume_schedule(
+            folder,
+            console=out,
+            execute_options=execute_options,
+            ray_address=ray_address,
+            quiet=quiet,
+            timeline_path=Path(timeline) if timeline else None,
+            queue=load_queue(queue) if Path(queue).exists() else None,
+        )
         return _schedule_outcome(out, outcome, json)
-    parsed = load_queue(queue)
+    loaded = load_queue(queue)
     size = device_memory
-    parsed, targets, on_device = target_gpus(parsed, gpus=gpus, device_memory_bytes=size, dry_run=dry_run,
-                                             note=lambda text: out.print(text, highlight=False))
+    loaded, targets, on_device = target_gpus(
+        loaded, gpus=gpus, device_memory_bytes=size, dry_run=dry_run, note=lambda text: out.print(text, highlight=False)
+    )
     if dry_run:
-        runs, planned = plan_queue(parsed, targets, options_base=FitOptions(max_batch=max_batch), progress=progress,
-                                   probe_args=list(probe_args), on_device=on_device)
+        runs, planned = plan_queue(
+            loaded,
+            targets,
+            options_base=FitOptions(max_batch=max_batch),
+            progress=progress,
+            probe_args=list(probe_args),
+            on_device=on_device,
+        )
         if json:
             write_json(json, schedule_dict(runs, planned))
         out.print(schedule_table(runs, planned))
@@ -118,10 +131,20 @@ def schedule_command(
     from jaxfit.schedule.flow import start_schedule
 
     outcome = start_schedule(
-        parsed, targets, logical=not on_device, state_dir=folder, backend=backend, console=out,
-        options_base=FitOptions(max_batch=max_batch), progress=progress, probe_args=list(probe_args),
-        execute_options=execute_options, ray_address=ray_address, quiet=quiet,
-        timeline_path=Path(timeline) if timeline else None, plan_path=plan,
+        loaded,
+        targets,
+        logical=not on_device,
+        state_dir=folder,
+        backend=backend,
+        console=out,
+        options_base=FitOptions(max_batch=max_batch),
+        progress=progress,
+        probe_args=list(probe_args),
+        execute_options=execute_options,
+        ray_address=ray_address,
+        quiet=quiet,
+        timeline_path=Path(timeline) if timeline else None,
+        plan_path=plan,
     )
     return _schedule_outcome(out, outcome, json)
 
@@ -138,8 +161,8 @@ def calibrate_command(json: str | None = None, cache: bool = True) -> int:
         cache: Use the measurement cached for this GPU model and jax version; --no-cache measures again.
     """
     parsed()
-    from jaxfit.schedule.calibrate import calibrate
     from jaxfit.files import check_writable, write_json
+    from jaxfit.schedule.calibrate import calibrate
 
     no_command("calibrate")
     if json:
@@ -147,11 +170,17 @@ def calibrate_command(json: str | None = None, cache: bool = True) -> int:
     result = calibrate(use_cache=cache)
     if json:
         write_json(json, result.to_dict())
-    used = f", process {budget_mod.format_bytes(result.process_used_bytes)} - pool " \
-        f"{budget_mod.format_bytes(result.pool_bytes)}" if result.process_used_bytes is not None else ""
-    print(f"per-process overhead: {budget_mod.format_bytes(result.process_overhead_bytes)} "
-          f"({result.process_overhead_bytes} B{used}; {'cached' if result.cached else 'measured'}, jax "
-          f"{result.jax_version})")
+    used = (
+        f", process {budget_mod.format_bytes(result.process_used_bytes)} - pool "
+        f"{budget_mod.format_bytes(result.pool_bytes)}"
+        if result.process_used_bytes is not None
+        else ""
+    )
+    print(
+        f"per-process overhead: {budget_mod.format_bytes(result.process_overhead_bytes)} "
+        f"({result.process_overhead_bytes} B{used}; {'cached' if result.cached else 'measured'}, jax "
+        f"{result.jax_version})"
+    )
     return 0
 
 
@@ -163,9 +192,15 @@ def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:
     from jaxfit.schedule.state import StateStore
 
     if json_path:
-        write_json(json_path, {"state_dir": str(outcome.state_dir), "exit_code": outcome.exit_code,
-                               "experiments": outcome.rows,
-                               "timeline": str(outcome.timeline) if outcome.timeline else None})
+        write_json(
+            json_path,
+            {
+                "state_dir": str(outcome.state_dir),
+                "exit_code": outcome.exit_code,
+                "experiments": outcome.rows,
+                "timeline": str(outcome.timeline) if outcome.timeline else None,
+            },
+        )
     store = StateStore(outcome.state_dir / STATE_FILE)
     try:
         out.print(status_table(store, title=f"schedule {outcome.state_dir}"))
@@ -176,6 +211,7 @@ def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:
     if outcome.timeline:
         out.print(f"timeline: {outcome.timeline}", highlight=False)
     if outcome.exit_code >= 128:
-        out.print(f"stopped; continue with: jaxfit schedule <queue> --resume --state-dir {outcome.state_dir}",
-                  highlight=False)
+        out.print(
+            f"stopped; continue with: jaxfit schedule <queue> --resume --state-dir {outcome.state_dir}", highlight=False
+        )
     return int(outcome.exit_code)

@@ -101,7 +101,10 @@ def _as_key(rng: int | jax.Array) -> jax.Array:
     """A ``jax.random`` key from a seed, or the key itself."""
     import jax
 
-    return jax.random.key(int(rng)) if isinstance(rng, numbers.Integral) else rng
+    if isinstance(rng, numbers.Integral):
+        return jax.random.key(int(rng))
+    assert not isinstance(rng, int)
+    return rng
 
 
 def make_optimizer(cfg: ModelConfig) -> optax.GradientTransformation:
@@ -124,7 +127,7 @@ def _split_params(model: nnx.Module) -> tuple[nnx.GraphDef[Any], nnx.State]:
     import jax
     from flax import nnx
 
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
     if jax.tree_util.tree_leaves(rest):
         raise TypeError("example models must hold only nnx.Param state")
     return graphdef, params
@@ -210,8 +213,7 @@ def batch_spec(cfg: ModelConfig, batch_size: int) -> Batch:
         shape = (batch_size, cfg.image_size, cfg.image_size, cfg.channels)
         return {"images": jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.dtype)), "labels": labels}
     if isinstance(cfg, MLPConfig):
-        shape = (batch_size, cfg.input_dim)
-        return {"inputs": jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.dtype)), "labels": labels}
+        return {"inputs": jax.ShapeDtypeStruct((batch_size, cfg.input_dim), jnp.dtype(cfg.dtype)), "labels": labels}
     raise TypeError(f"not a model config: {type(cfg).__name__}")
 
 
@@ -285,9 +287,7 @@ def loss_fn(cfg: ModelConfig, model: nnx.Module, batch: Batch) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def make_train_step(
-    cfg: ModelConfig, graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation
-) -> TrainStep:
+def make_train_step(cfg: ModelConfig, graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation) -> TrainStep:
     """The pure (un-jitted) train step ``(state, batch) -> (new_state, {"loss": loss})``.
 
     Args:
@@ -301,8 +301,6 @@ def make_train_step(
     import jax
     import optax
     from flax import nnx
-
-
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         params, opt_state = state

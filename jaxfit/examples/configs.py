@@ -84,8 +84,7 @@ class _ConfigChecks:
                 )
         if self.dtype not in DTYPES:
             raise ConfigError(
-                f"{self.family} config: dtype={self.dtype!r} is not supported; "
-                f"use one of: {', '.join(DTYPES)}"
+                f"{self.family} config: dtype={self.dtype!r} is not supported; use one of: {', '.join(DTYPES)}"
             )
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ConfigError(
@@ -94,8 +93,7 @@ class _ConfigChecks:
             )
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ConfigError(
-                f"{self.family} config: weight_decay={self.weight_decay} must be zero or more; "
-                "e.g. weight_decay=0.01"
+                f"{self.family} config: weight_decay={self.weight_decay} must be zero or more; e.g. weight_decay=0.01"
             )
         self._check()
 
@@ -237,9 +235,7 @@ def _coerce(family: str, key: str, value: Any, expected: type) -> Any:
             return True
         if text in _FALSE:
             return False
-        raise ConfigError(
-            f"{family} config: {key}={value!r} is not a boolean; use true/false, yes/no or 1/0"
-        )
+        raise ConfigError(f"{family} config: {key}={value!r} is not a boolean; use true/false, yes/no or 1/0")
     if expected is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -249,10 +245,7 @@ def _coerce(family: str, key: str, value: Any, expected: type) -> Any:
             return int(str(value).strip(), 10)
         except ValueError:
             pass
-        raise ConfigError(
-            f"{family} config: {key}={value!r} is not an integer; give a whole number, "
-            f"e.g. {key}=256"
-        )
+        raise ConfigError(f"{family} config: {key}={value!r} is not an integer; give a whole number, e.g. {key}=256")
     if expected is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -262,10 +255,7 @@ def _coerce(family: str, key: str, value: Any, expected: type) -> Any:
             result = math.nan
         if math.isfinite(result):
             return result
-        raise ConfigError(
-            f"{family} config: {key}={value!r} is not a number; give a finite number, "
-            f"e.g. {key}=3e-4"
-        )
+        raise ConfigError(f"{family} config: {key}={value!r} is not a number; give a finite number, e.g. {key}=3e-4")
     if expected is str:
         if isinstance(value, (bool, int, float, str)):
             return str(value).strip()
@@ -294,18 +284,14 @@ def make_config(
     """
     cls = FAMILIES.get(str(family).strip().lower()) if isinstance(family, str) else None
     if cls is None:
-        raise ConfigError(
-            f"unknown model family {family!r}; use one of: {', '.join(sorted(FAMILIES))}"
-        )
+        raise ConfigError(f"unknown model family {family!r}; use one of: {', '.join(sorted(FAMILIES))}")
     hints = typing.get_type_hints(cls)
     keys = config_keys(cls)
     kwargs: dict[str, Any] = {}
     for source in (values or {}, overrides or {}):
         for key, value in source.items():
             if key not in hints or key not in keys:
-                raise ConfigError(
-                    f"unknown {cls.family} config key {key!r}; valid keys: {', '.join(keys)}"
-                )
+                raise ConfigError(f"unknown {cls.family} config key {key!r}; valid keys: {', '.join(keys)}")
             kwargs[key] = _coerce(cls.family, key, value, hints[key])
     return cls(**kwargs)
 
@@ -320,9 +306,7 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(
-                f"bad override {item!r}; write it as key=value, e.g. --set d_model=512"
-            )
+            raise ConfigError(f"bad override {item!r}; write it as key=value, e.g. --set d_model=512")
         result[key.strip()] = value.strip()
     return result
 
@@ -345,9 +329,7 @@ def _parse_yaml(text: str, source: str) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(err, "problem", None) or type(err).__name__
-        raise ConfigError(
-            f"{source}: malformed YAML{where}: {_one_line(problem)}; fix the syntax"
-        ) from None
+        raise ConfigError(f"{source}: malformed YAML{where}: {_one_line(problem)}; fix the syntax") from None
 
 
 def _is_example(data: Any) -> bool:
@@ -375,8 +357,7 @@ def _read_example(name: str) -> tuple[str, str]:
             return str(path), path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise ConfigError(
-                f"cannot read config file {name!r} ({_one_line(err.strerror or str(err))}); "
-                "check the path"
+                f"cannot read config file {name!r} ({_one_line(getattr(err, 'strerror', None) or str(err))}); check the path"
             ) from None
     entry = _example_files().get(name)
     if entry is None:
@@ -388,9 +369,7 @@ def _read_example(name: str) -> tuple[str, str]:
 def _read_example_data(name: str) -> tuple[str, dict[str, Any]]:
     """``(source, mapping)`` of a valid example file (raises ``ConfigError`` otherwise)."""
     if not isinstance(name, str) or not name.strip():
-        raise ConfigError(
-            f"example name {name!r} is empty; use one of: {', '.join(list_examples())}"
-        )
+        raise ConfigError(f"example name {name!r} is empty; use one of: {', '.join(list_examples())}")
     source, text = _read_example(name.strip())
     data = _parse_yaml(text, source)
     if not isinstance(data, dict):
@@ -400,8 +379,7 @@ def _read_example_data(name: str) -> tuple[str, dict[str, Any]]:
         )
     if "family" not in data:
         raise ConfigError(
-            f"{source}: no 'family' key, so it is not an example config; add "
-            f"'family: {'|'.join(sorted(FAMILIES))}'"
+            f"{source}: no 'family' key, so it is not an example config; add 'family: {'|'.join(sorted(FAMILIES))}'"
         )
     return source, data
 
@@ -433,9 +411,7 @@ def load_config(name: str, overrides: Mapping[str, Any] | None = None) -> ModelC
     source, data = _read_example_data(name)
     family = data["family"]
     if not isinstance(family, str) or family.strip().lower() not in FAMILIES:
-        raise ConfigError(
-            f"{source}: unknown family {family!r}; use one of: {', '.join(sorted(FAMILIES))}"
-        )
+        raise ConfigError(f"{source}: unknown family {family!r}; use one of: {', '.join(sorted(FAMILIES))}")
     values = {k: v for k, v in data.items() if k not in _NON_FIELD_KEYS}
     for key in data:
         if not isinstance(key, str):

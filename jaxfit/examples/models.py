@@ -6,6 +6,7 @@ logits in that dtype and the loss (see :mod:`jaxfit.examples`) upcasts them to f
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
@@ -120,17 +121,10 @@ class GPT(nnx.Module):
         )
         self.pos_emb = nnx.Param(_EMBED_INIT(rngs.params(), (cfg.seq_len, cfg.d_model), dtype))
         self.blocks = _ModuleList(
-            [
-                Block(cfg.d_model, cfg.n_heads, causal=True, dtype=dtype, rngs=rngs)
-                for _ in range(cfg.n_layers)
-            ]
+            [Block(cfg.d_model, cfg.n_heads, causal=True, dtype=dtype, rngs=rngs) for _ in range(cfg.n_layers)]
         )
-        self.ln_f = nnx.LayerNorm(
-            cfg.d_model, epsilon=1e-5, dtype=dtype, param_dtype=dtype, rngs=rngs
-        )
-        self.head = nnx.Linear(
-            cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs
-        )
+        self.ln_f = nnx.LayerNorm(cfg.d_model, epsilon=1e-5, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """Logits ``[batch, T, vocab_size]`` for int tokens ``[batch, T]`` with ``T <= seq_len``."""
@@ -162,32 +156,21 @@ class ViT(nnx.Module):
         self.patch_size = cfg.patch_size
         num_patches = (cfg.image_size // cfg.patch_size) ** 2
         patch_dim = cfg.patch_size * cfg.patch_size * cfg.channels
-        self.patch_embed = nnx.Linear(
-            patch_dim, cfg.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs
-        )
+        self.patch_embed = nnx.Linear(patch_dim, cfg.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
         self.cls_token = nnx.Param(jnp.zeros((1, 1, cfg.d_model), dtype))
         self.pos_emb = nnx.Param(_EMBED_INIT(rngs.params(), (num_patches + 1, cfg.d_model), dtype))
         self.blocks = _ModuleList(
-            [
-                Block(cfg.d_model, cfg.n_heads, causal=False, dtype=dtype, rngs=rngs)
-                for _ in range(cfg.n_layers)
-            ]
+            [Block(cfg.d_model, cfg.n_heads, causal=False, dtype=dtype, rngs=rngs) for _ in range(cfg.n_layers)]
         )
-        self.ln_f = nnx.LayerNorm(
-            cfg.d_model, epsilon=1e-6, dtype=dtype, param_dtype=dtype, rngs=rngs
-        )
-        self.head = nnx.Linear(
-            cfg.d_model, cfg.num_classes, dtype=dtype, param_dtype=dtype, rngs=rngs
-        )
+        self.ln_f = nnx.LayerNorm(cfg.d_model, epsilon=1e-6, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, cfg.num_classes, dtype=dtype, param_dtype=dtype, rngs=rngs)
 
     def __call__(self, images: jax.Array) -> jax.Array:
         """Logits ``[batch, num_classes]`` for images ``[batch, H, W, C]``."""
         batch, height, width, channels = images.shape
         p = self.patch_size
         patches = images.reshape(batch, height // p, p, width // p, p, channels)
-        patches = patches.transpose(0, 1, 3, 2, 4, 5).reshape(
-            batch, (height // p) * (width // p), p * p * channels
-        )
+        patches = patches.transpose(0, 1, 3, 2, 4, 5).reshape(batch, (height // p) * (width // p), p * p * channels)
         x = self.patch_embed(patches)
         cls = jnp.broadcast_to(self.cls_token[...], (batch, 1, x.shape[-1])).astype(x.dtype)
         x = jnp.concatenate([cls, x], axis=1) + self.pos_emb[...]
@@ -210,12 +193,10 @@ class MLP(nnx.Module):
         self.layers = _ModuleList(
             [
                 nnx.Linear(d_in, d_out, dtype=dtype, param_dtype=dtype, rngs=rngs)
-                for d_in, d_out in zip(widths[:-1], widths[1:])
+                for d_in, d_out in itertools.pairwise(widths)
             ]
         )
-        self.head = nnx.Linear(
-            cfg.hidden_dim, cfg.num_classes, dtype=dtype, param_dtype=dtype, rngs=rngs
-        )
+        self.head = nnx.Linear(cfg.hidden_dim, cfg.num_classes, dtype=dtype, param_dtype=dtype, rngs=rngs)
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """Logits ``[batch, num_classes]`` for inputs ``[batch, input_dim]``."""

@@ -39,13 +39,19 @@ def answer_key(question: Mapping[str, Any], source: Source) -> str | None:
     identity = source.identity()
     if identity is None:
         return None
-    parts = {"question": dict(question), "source": identity, "device": device_identity(),
-             "jax": jax_version(), "jaxfit": jaxfit_version()}
+    parts = {
+        "question": dict(question),
+        "source": identity,
+        "device": device_identity(),
+        "jax": jax_version(),
+        "jaxfit": jaxfit_version(),
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def cached_answer(options: FitOptions, question: Mapping[str, Any], source: Source,
-                  start: float) -> tuple[str | None, FitResult | None]:
+def cached_answer(
+    options: FitOptions, question: Mapping[str, Any], source: Source, start: float
+) -> tuple[str | None, FitResult | None]:
     """``(key, result)``: the question's key, and its stored result when there is one whose proven
     program is still stored (otherwise the fit runs again, to pin one)."""
     key = answer_key(question, source)

@@ -16,13 +16,19 @@ from jaxfit.errors import ConfigError, DoesNotFitError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.answers import cached_answer, store_answer
 from jaxfit.fit.common import (
-    TUNED_WIDTH, Progress, cleaning_probe_leftovers, default_width, device_dict, note_found_step, notify,
+    TUNED_WIDTH,
+    Progress,
+    cleaning_probe_leftovers,
+    default_width,
+    device_dict,
+    note_found_step,
+    notify,
     raise_compile_error,
 )
-from jaxfit.fit.compiler import CompileChild, CompileOutcome, DeviceInfo
+from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome, DeviceInfo
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
-from jaxfit.fit.results import Candidate, FitResult, fitting_above, near_budget_note
+from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
 from jaxfit.fit.search import Grid, SearchResult, prove, search
 from jaxfit.fit.sources import ScriptSource, Source
 
@@ -36,15 +42,22 @@ class _Rounds:
         self.history: list[CompileOutcome] = []  # every compile, for the candidate table
         self.count = 0
 
-    def evaluator(self, autotune: bool, threads: int):  # noqa: ANN201 - a search.Evaluate
+    def evaluator(self, autotune: bool, threads: int):
         """``batches -> {batch: peak - budget}`` compiling with or without autotuning."""
 
         def evaluate(batches: list[int]) -> dict[int, float]:
             self.count += 1
-            notify(self.progress, "round", round=self.count, batches=batches,
-                   autotune=autotune and self.info.limit_sensitive)
+            notify(
+                self.progress,
+                "round",
+                round=self.count,
+                batches=batches,
+                autotune=autotune and self.info.limit_sensitive,
+            )
             got = self.child.compile(
-                batches, autotune=autotune, threads=threads,
+                batches,
+                autotune=autotune,
+                threads=threads,
                 on_result=lambda o: notify(self.progress, "compiled", outcome=o, budget=self.budget),
             )
             for b in batches:
@@ -63,8 +76,9 @@ class _Rounds:
         return [Candidate.of(o, self.budget) for o in sorted(self.history, key=lambda o: (o.batch_size, o.autotuned))]
 
 
-def _start_child(source: Source, fraction: float, options: FitOptions,
-                 cache_path: str | None) -> tuple[CompileChild, DeviceInfo, int, int]:
+def _start_child(
+    source: Source, fraction: float, options: FitOptions, cache_path: str | None
+) -> tuple[CompileChild, DeviceInfo, int, int]:
     """The compile child under ``fraction``: ``(child, info, total, limit)``.
 
     With ``--device-memory`` on a GPU it is restarted under the fraction of this GPU whose limit
@@ -106,15 +120,25 @@ def _does_not_fit(rounds: _Rounds, grid: Grid, options: FitOptions, fraction: fl
     if memory is None or need is None:
         needs = "the compile itself ran out of memory"
     elif need > total:
-        needs = (f"its compiled peak is {budget_mod.format_bytes(memory.peak_bytes)}, more than the whole device "
-                 f"({budget_mod.format_bytes(total)})")
+        needs = (
+            f"its compiled peak is {budget_mod.format_bytes(memory.peak_bytes)}, more than the whole device "
+            f"({budget_mod.format_bytes(total)})"
+        )
     else:
-        needs = (f"its compiled peak is {budget_mod.format_bytes(memory.peak_bytes)}, about fraction "
-                 f"{budget_mod.fraction_for_bytes(need, total):.2f} of this device")
-    hint = ("use a larger device, or shrink the model (remat, bf16)" if need is not None and need > total
-            else "raise --mem-fraction, lower --headroom, or shrink the model (remat, bf16)")
-    return DoesNotFitError(f"not even batch {grid.first} fits the budget of {budget_mod.format_bytes(rounds.budget)} "
-                           f"(fraction {fraction}): {needs}", hint)
+        needs = (
+            f"its compiled peak is {budget_mod.format_bytes(memory.peak_bytes)}, about fraction "
+            f"{budget_mod.fraction_for_bytes(need, total):.2f} of this device"
+        )
+    hint = (
+        "use a larger device, or shrink the model (remat, bf16)"
+        if need is not None and need > total
+        else "raise --mem-fraction, lower --headroom, or shrink the model (remat, bf16)"
+    )
+    return DoesNotFitError(
+        f"not even batch {grid.first} fits the budget of {budget_mod.format_bytes(rounds.budget)} "
+        f"(fraction {fraction}): {needs}",
+        hint,
+    )
 
 
 @cleaning_probe_leftovers
@@ -147,9 +171,14 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
     options.validate()
     fraction = options.resolved_fraction()
     grid = options.grid()
-    question = {"mode": "batch", "fraction": fraction, "headroom": options.headroom_bytes,
-                "device_memory": options.device_memory_bytes, "grid": [grid.first, grid.last, grid.step],
-                "verify": options.verify}
+    question = {
+        "mode": "batch",
+        "fraction": fraction,
+        "headroom": options.headroom_bytes,
+        "device_memory": options.device_memory_bytes,
+        "grid": [grid.first, grid.last, grid.step],
+        "verify": options.verify,
+    }
     key, hit = cached_answer(options, question, source, start)
     if hit is not None:
         notify(progress, "cached", result=hit)
@@ -168,8 +197,11 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
             # The script shards its batch over every device: only multiples of the count can run.
             step = math.lcm(grid.step, info.device_count)
             grid = Grid(grid.low, grid.high, step)
-            notify(progress, "note", text=f"batch sizes are multiples of {step}: the script shards over "
-                                          f"{info.device_count} devices")
+            notify(
+                progress,
+                "note",
+                text=f"batch sizes are multiples of {step}: the script shards over {info.device_count} devices",
+            )
         note_found_step(progress, child.workload_info)
         width = options.width or default_width(info)
         tuned = info.limit_sensitive and options.verify
@@ -177,8 +209,12 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         rounds = _Rounds(child, info, budget, progress)
         # Untuned on a GPU with verification (the proof follows), else the program as it runs
         # (the CPU compiler has no autotuning; --no-verify takes the untuned answer).
-        found: SearchResult = search(rounds.evaluator(not info.limit_sensitive, width), grid, width=width,
-                                     leave_open=TUNED_WIDTH - 1 if tuned else 0)
+        found: SearchResult = search(
+            rounds.evaluator(not info.limit_sensitive, width),
+            grid,
+            width=width,
+            leave_open=TUNED_WIDTH - 1 if tuned else 0,
+        )
         if tuned:
             found = prove(rounds.evaluator(True, TUNED_WIDTH), grid, found, budget, width=TUNED_WIDTH)
         if found.answer is None:
@@ -186,36 +222,66 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         answer = found.answer
         final = rounds.latest[answer].memory
         assert final is not None
-        pin, pin_note = pin_answer(child, answer, key=key, info=info, proven=final, budget_bytes=budget,
-                                   limit_bytes=limit, mem_fraction=fraction, root=pins_root(options.use_cache))
-        overhead = child.process_overhead() if info.limit_sensitive else {"bytes": 0, "method": "not a GPU"}
+        pin, pin_note = pin_answer(
+            child,
+            answer,
+            key=key,
+            info=info,
+            proven=final,
+            budget_bytes=budget,
+            limit_bytes=limit,
+            mem_fraction=fraction,
+            root=pins_root(options.use_cache),
+        )
+        overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
     finally:
         child.close()
 
     candidates = rounds.candidates()
-    outcome = "max" if answer == grid.last else "boundary"
+    outcome: Outcome = "max" if answer == grid.last else "boundary"
     neighbour = rounds.latest.get(answer + grid.step)
     above = fitting_above(candidates, answer, tuned_only=tuned)
     message = (
         f"batch {answer} fits: peak {budget_mod.format_bytes(final.peak_bytes)} of a "
         f"{budget_mod.format_bytes(budget)} budget"
-        + (f"; batch {answer + grid.step} needs {budget_mod.format_bytes(neighbour.memory.peak_bytes)}"
-           if outcome == "boundary" and neighbour is not None and neighbour.memory is not None
-           else f"; batch {answer + grid.step} runs out of memory while compiling" if outcome == "boundary" else "")
+        + (
+            f"; batch {answer + grid.step} needs {budget_mod.format_bytes(neighbour.memory.peak_bytes)}"
+            if outcome == "boundary" and neighbour is not None and neighbour.memory is not None
+            else f"; batch {answer + grid.step} runs out of memory while compiling"
+            if outcome == "boundary"
+            else ""
+        )
         + (f"; --max-batch {grid.last} reached, larger batches may fit too" if outcome == "max" else "")
-        + (f"; note: batch {', '.join(map(str, above))} also compiled to fit (the peak is not monotone in the "
-           "batch here; one boundary is proved, not every pocket)" if above else "")
+        + (
+            f"; note: batch {', '.join(map(str, above))} also compiled to fit (the peak is not monotone in the "
+            "batch here; one boundary is proved, not every pocket)"
+            if above
+            else ""
+        )
         + (near_budget_note(final.peak_bytes, budget) if info.limit_sensitive and pin is None else "")
         + (f"; {pin_note}" if pin_note else "")
     )
     result = FitResult(
-        mode="batch", batch_size=answer, multiple_of=grid.step, mem_fraction=fraction, limit_bytes=limit,
-        headroom_bytes=options.headroom_bytes, budget_bytes=budget, peak_bytes=final.peak_bytes,
-        outcome=outcome, device=device_dict(info, total), workload=child.workload_info,
-        compiles=sum(1 for c in candidates if not c.cached), rounds=rounds.count,
-        wall_seconds=round(time.perf_counter() - start, 3), candidates=candidates,
-        process_overhead_bytes=overhead.get("bytes"), process_overhead_method=overhead.get("method"),
-        message=message, pin=pin.to_dict() if pin else None, pin_note=pin_note,
+        mode="batch",
+        batch_size=answer,
+        multiple_of=grid.step,
+        mem_fraction=fraction,
+        limit_bytes=limit,
+        headroom_bytes=options.headroom_bytes,
+        budget_bytes=budget,
+        peak_bytes=final.peak_bytes,
+        outcome=outcome,
+        device=device_dict(info, total),
+        workload=child.workload_info,
+        compiles=sum(1 for c in candidates if not c.cached),
+        rounds=rounds.count,
+        wall_seconds=round(time.perf_counter() - start, 3),
+        candidates=candidates,
+        process_overhead_bytes=overhead.bytes,
+        process_overhead_method=overhead.method,
+        message=message,
+        pin=pin.to_dict() if pin else None,
+        pin_note=pin_note,
     )
     store_answer(options, key, result)
     notify(progress, "done", result=result)

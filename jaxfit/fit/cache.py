@@ -63,19 +63,24 @@ def usable_cache(path: str | os.PathLike[str]) -> str | None:
         except sqlite3.DatabaseError as e:
             readonly = isinstance(e, sqlite3.OperationalError)
             if readonly or attempt:
-                warn(f"the cache {path} cannot be used ({e}); running without it (set JAXFIT_CACHE_DIR to a "
-                     "writable folder)")
+                warn(
+                    f"the cache {path} cannot be used ({e}); running without it (set JAXFIT_CACHE_DIR to a "
+                    "writable folder)"
+                )
                 return None
             aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
             try:
                 path.rename(aside)
             except OSError as err:
-                warn(f"the cache {path} is corrupt ({e}) and cannot be moved aside ({err.strerror}); running "
-                     "without it")
+                warn(
+                    f"the cache {path} is corrupt ({e}) and cannot be moved aside ({err.strerror}); running without it"
+                )
                 return None
             warn(f"the cache {path} was corrupt ({e}); moved it aside to {aside.name} and started a new one")
         except OSError as e:
-            warn(f"the cache folder {path.parent} cannot be written ({e.strerror or e}); running without the cache "
-                 "(set JAXFIT_CACHE_DIR to a writable folder)")
+            warn(
+                f"the cache folder {path.parent} cannot be written ({e.strerror or e}); running without the cache "
+                "(set JAXFIT_CACHE_DIR to a writable folder)"
+            )
             return None
     return None

@@ -52,8 +52,7 @@ def raise_compile_error(outcome: CompileOutcome) -> None:
     """
     message = (outcome.error or "unknown error").strip().splitlines()[0]
     raise CompileError(
-        f"the step failed to compile at batch {outcome.batch_size} for a reason other than memory: "
-        f"{message[:400]}"
+        f"the step failed to compile at batch {outcome.batch_size} for a reason other than memory: {message[:400]}"
     )
 
 
@@ -61,8 +60,12 @@ def note_found_step(progress: Progress | None, workload: Mapping[str, Any]) -> N
     """Say which function a probe took as the train step when it found it itself."""
     found = str(workload.get("description", {}).get("step_found") or "")
     if found.startswith("found"):
-        notify(progress, "note", text=f"the probe took {workload.get('name')!r} as the train step ({found}); "
-                                      "pass --step-name to choose another")
+        notify(
+            progress,
+            "note",
+            text=f"the probe took {workload.get('name')!r} as the train step ({found}); "
+            "pass --step-name to choose another",
+        )
 
 
 def cleaning_probe_leftovers(fit: Callable[..., FitResult]) -> Callable[..., FitResult]:

@@ -65,12 +65,40 @@ class CompileOutcome:
     autotuned: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class Overhead:
+    """Device memory a process holds outside its XLA pool (CUDA context, libraries).
+
+    Attributes:
+      bytes: The measurement, or None when it could not be made (``method`` says why).
+      method: How it was measured (nvidia-smi's per-process use minus the pool), or why not.
+      process_used_bytes: nvidia-smi's per-process use.
+      pool_bytes: The pool's bytes at the time.
+    """
+
+    bytes: int | None
+    method: str
+    process_used_bytes: int | None = None
+    pool_bytes: int | None = None
+
+
+NO_OVERHEAD = Overhead(bytes=0, method="not a GPU")
+"""What a CPU process holds outside a pool it does not have."""
+
 PROBE_DIR = str(Path(__file__).resolve().parents[1] / "_probe")
 DEFAULT_STEP_NAME = "train_step"
 """The train step's name when ``--step-name`` is not given (then a step-like function is found too)."""
-HOOK_VARIABLES = ("JAXFIT_HOOK_OWNER", "JAXFIT_PIN", "JAXFIT_PIN_REPORT", "JAXFIT_PIN_STEP_NAME",
-                  "JAXFIT_WANDB_CONFIG", "JAXFIT_PROBE_STEP_NAME", "JAXFIT_PROBE_STEP_AUTO",
-                  "JAXFIT_PROBE_BATCH_SIZE", "JAXFIT_PROBE_BATCH_ARG")
+HOOK_VARIABLES = (
+    "JAXFIT_HOOK_OWNER",
+    "JAXFIT_PIN",
+    "JAXFIT_PIN_REPORT",
+    "JAXFIT_PIN_STEP_NAME",
+    "JAXFIT_WANDB_CONFIG",
+    "JAXFIT_PROBE_STEP_NAME",
+    "JAXFIT_PROBE_STEP_AUTO",
+    "JAXFIT_PROBE_BATCH_SIZE",
+    "JAXFIT_PROBE_BATCH_ARG",
+)
 """Variables of the start-up hook: set only for the process they are meant for, never inherited."""
 
 
@@ -172,8 +200,14 @@ class CompileChild:
             extra["JAXFIT_COMPILE_CACHE"] = self.cache_path
         try:
             self._proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w, pass_fds=(reply_w, request_r),
-                env=child_environment(self.mem_fraction, extra), cwd=cwd, start_new_session=True,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_w,
+                stderr=log_w,
+                pass_fds=(reply_w, request_r),
+                env=child_environment(self.mem_fraction, extra),
+                cwd=cwd,
+                start_new_session=True,
             )
         except OSError as e:
             for fd in (reply_r, reply_w, request_r, request_w, log_r, log_w):
@@ -265,7 +299,9 @@ class CompileChild:
                 if time.monotonic() >= deadline:
                     self.close()
                     hint = "; pass --step-name with the name of your jitted train step" if self.probing else ""
-                    raise WorkerError(f"timed out after {timeout:.0f} s waiting to {doing}{self._seen_note()}{hint}") from None
+                    raise WorkerError(
+                        f"timed out after {timeout:.0f} s waiting to {doing}{self._seen_note()}{hint}"
+                    ) from None
                 continue
             if reply is None:
                 code = self._proc.wait() if self._proc else None
@@ -299,8 +335,10 @@ class CompileChild:
         only_jitted = [n for n in self.jitted_names if n not in self.called]
         parts = []
         if called:
-            parts.append("jitted functions it called (times, at least): "
-                         + ", ".join(f"{name} ({count})" for name, count in called[:12]))
+            parts.append(
+                "jitted functions it called (times, at least): "
+                + ", ".join(f"{name} ({count})" for name, count in called[:12])
+            )
         if only_jitted:
             more = f" and {len(only_jitted) - 12} more" if len(only_jitted) > 12 else ""
             parts.append("jitted but not called: " + ", ".join(only_jitted[:12]) + more)
@@ -311,7 +349,9 @@ class CompileChild:
             name = self.source.step_name
             if name:
                 return f"reach the first call of the jitted function {name!r} in the script"
-            return "reach the first call of the script's train step (train_step, or a jitted function that looks like one)"
+            return (
+                "reach the first call of the script's train step (train_step, or a jitted function that looks like one)"
+            )
         return "start the compile child"
 
     # -- requests -------------------------------------------------------------------------
@@ -335,8 +375,15 @@ class CompileChild:
         """
         self._next_id += 1
         request_id = self._next_id
-        self._send({"op": "compile", "id": request_id, "batches": batches,
-                    "autotune": autotune, "threads": threads or len(batches)})
+        self._send(
+            {
+                "op": "compile",
+                "id": request_id,
+                "batches": batches,
+                "autotune": autotune,
+                "threads": threads or len(batches),
+            }
+        )
         results: dict[int, CompileOutcome] = {}
         deadline = time.monotonic() + timeout
         while True:
@@ -349,8 +396,11 @@ class CompileChild:
                 continue
             memory = MemoryReport.from_dict(reply["memory"]) if reply.get("ok") else None
             outcome = CompileOutcome(
-                batch_size=int(reply["batch"]), memory=memory, compile_seconds=float(reply["compile_s"]),
-                cached=bool(reply.get("cached")), oom=bool(reply.get("oom")),
+                batch_size=int(reply["batch"]),
+                memory=memory,
+                compile_seconds=float(reply["compile_s"]),
+                cached=bool(reply.get("cached")),
+                oom=bool(reply.get("oom")),
                 error=None if reply.get("ok") else reply.get("error"),
                 autotuned=autotune and bool(self.info is not None and self.info.limit_sensitive),
             )
@@ -370,10 +420,15 @@ class CompileChild:
             if reply.get("op") == "pinned":
                 return reply
 
-    def process_overhead(self) -> dict[str, Any]:
+    def process_overhead(self) -> Overhead:
         """Measure the device memory the child holds outside the XLA pool (GPU only)."""
         self._send({"op": "overhead"})
         while True:
             reply = self._receive(120, "measure the per-process overhead")
             if reply.get("op") == "overhead":
-                return reply
+                return Overhead(
+                    bytes=reply.get("bytes"),
+                    method=str(reply.get("method")),
+                    process_used_bytes=reply.get("process_used_bytes"),
+                    pool_bytes=reply.get("pool_bytes"),
+                )

@@ -30,7 +30,10 @@ def gpu_table(query: str, *, units: bool = True) -> str | None:
     try:
         return subprocess.run(
             ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader" + ("" if units else ",nounits")],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

@@ -16,8 +16,15 @@ from pathlib import Path
 from jaxfit.errors import ConfigError, DoesNotFitError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.answers import cached_answer, store_answer
-from jaxfit.fit.common import Progress, cleaning_probe_leftovers, device_dict, note_found_step, notify, raise_compile_error
-from jaxfit.fit.compiler import CompileChild, CompileOutcome
+from jaxfit.fit.common import (
+    Progress,
+    cleaning_probe_leftovers,
+    device_dict,
+    note_found_step,
+    notify,
+    raise_compile_error,
+)
+from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import Pin, discard_pin, pin_answer, pins_root, rehome
 from jaxfit.fit.results import Candidate, FitResult
@@ -28,8 +35,9 @@ FRACTION_STEPS = 100  # fractions are found to 0.01
 
 
 @cleaning_probe_leftovers
-def fit_fraction(source: Source, batch_size: int, options: FitOptions = FitOptions(),
-                 progress: Progress | None = None) -> FitResult:
+def fit_fraction(
+    source: Source, batch_size: int, options: FitOptions = FitOptions(), progress: Progress | None = None
+) -> FitResult:
     """The smallest fraction (to 0.01) under which ``batch_size`` compiles to a peak that fits.
 
     On a GPU each fraction tried is compiled in its own child under that fraction, because the
@@ -44,8 +52,13 @@ def fit_fraction(source: Source, batch_size: int, options: FitOptions = FitOptio
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     options.validate()
-    question = {"mode": "fraction", "batch": batch_size, "headroom": options.headroom_bytes,
-                "device_memory": options.device_memory_bytes, "verify": options.verify}
+    question = {
+        "mode": "fraction",
+        "batch": batch_size,
+        "headroom": options.headroom_bytes,
+        "device_memory": options.device_memory_bytes,
+        "verify": options.verify,
+    }
     key, hit = cached_answer(options, question, source, start)
     if hit is not None:
         notify(progress, "cached", result=hit)
@@ -58,7 +71,7 @@ def fit_fraction(source: Source, batch_size: int, options: FitOptions = FitOptio
     with CompileChild(source, 1.0, cache_path=cache_path, start_timeout=options.start_timeout) as child:
         info = child.info
         assert info is not None
-        gpu_total = int(info.bytes_limit) if info.limit_sensitive else None
+        gpu_total = int(info.bytes_limit) if info.limit_sensitive and info.bytes_limit else None
         total = options.device_memory_bytes or gpu_total or info.host_memory_bytes
         if gpu_total and total > gpu_total:
             raise ConfigError(
@@ -70,29 +83,41 @@ def fit_fraction(source: Source, batch_size: int, options: FitOptions = FitOptio
         full = child.compile([batch_size], autotune=not info.limit_sensitive)[batch_size]
         if full.memory is None and not full.oom:
             raise_compile_error(full)
-        overhead = child.process_overhead() if info.limit_sensitive else {"bytes": 0, "method": "not a GPU"}
+        overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
         workload_info = child.workload_info
         note_found_step(progress, workload_info)
         if not info.limit_sensitive and full.memory is not None:
             # The CPU compiler ignores the limit: this program is the answer at any fraction.
-            units = min(FRACTION_STEPS, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS
-                                                  / total - 1e-9))
+            units = min(
+                FRACTION_STEPS,
+                math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS / total - 1e-9),
+            )
             pins[units], notes[units] = pin_answer(
-                child, batch_size, key=key, info=info, proven=full.memory, budget_bytes=int(total * units / FRACTION_STEPS)
-                - options.headroom_bytes, limit_bytes=int(total * units / FRACTION_STEPS), mem_fraction=units / FRACTION_STEPS,
-                root=pins_root(options.use_cache))
+                child,
+                batch_size,
+                key=key,
+                info=info,
+                proven=full.memory,
+                budget_bytes=int(total * units / FRACTION_STEPS) - options.headroom_bytes,
+                limit_bytes=int(total * units / FRACTION_STEPS),
+                mem_fraction=units / FRACTION_STEPS,
+                root=pins_root(options.use_cache),
+            )
 
     def limit_of(units: int) -> int:
         return int(total * units / FRACTION_STEPS)
 
     if full.memory is None or full.memory.peak_bytes + options.headroom_bytes > total:
-        peak = budget_mod.format_bytes(full.memory.peak_bytes) if full.memory else "more than the device"
+        shown = budget_mod.format_bytes(full.memory.peak_bytes) if full.memory else "more than the device"
         raise DoesNotFitError(
             f"batch {batch_size} does not fit even the whole device ({budget_mod.format_bytes(total)}): "
-            f"its compiled peak is {peak}", "use a smaller batch with gradient accumulation, remat or bf16"
+            f"its compiled peak is {shown}",
+            "use a smaller batch with gradient accumulation, remat or bf16",
         )
     floor = full.memory.argument_bytes + full.memory.output_bytes - full.memory.alias_bytes
-    estimate = min(FRACTION_STEPS, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS / total - 1e-9))
+    estimate = min(
+        FRACTION_STEPS, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS / total - 1e-9)
+    )
     lowest = max(1, math.floor((floor + options.headroom_bytes) * FRACTION_STEPS / total))
     candidates = [Candidate.of(full, total - options.headroom_bytes, mem_fraction=1.0, limit_bytes=total)]
     compiles = 0 if full.cached else 1
@@ -112,9 +137,19 @@ def fit_fraction(source: Source, batch_size: int, options: FitOptions = FitOptio
             rounds += 1
             fractions = [u / FRACTION_STEPS for u in units_list]
             notify(progress, "round", round=rounds, fractions=fractions, autotune=autotune)
-            answers = _compile_under_fractions(source, batch_size, fractions, total, gpu_total, cache_path, autotune,
-                                               options.start_timeout, key=key, headroom=options.headroom_bytes,
-                                               root=pins_root(options.use_cache))
+            answers = _compile_under_fractions(
+                source,
+                batch_size,
+                fractions,
+                total,
+                gpu_total,
+                cache_path,
+                autotune,
+                options.start_timeout,
+                key=key,
+                headroom=options.headroom_bytes,
+                root=pins_root(options.use_cache),
+            )
             for u, (outcome, limit, pinned, note) in zip(units_list, answers):
                 if outcome.memory is None and not outcome.oom:
                     raise_compile_error(outcome)
@@ -157,33 +192,61 @@ def fit_fraction(source: Source, batch_size: int, options: FitOptions = FitOptio
     for other in pins.values():
         discard_pin(other)
     fraction = units / FRACTION_STEPS
-    overhead_bytes = overhead.get("bytes")
+    overhead_bytes = overhead.bytes
     message = (
         f"batch {batch_size} needs fraction {fraction:.2f}: peak {budget_mod.format_bytes(peak)} within "
         f"a limit of {budget_mod.format_bytes(limit)}"
-        + (f"; add {budget_mod.format_bytes(overhead_bytes)} per process outside the pool when sharing a GPU"
-           if overhead_bytes else "")
+        + (
+            f"; add {budget_mod.format_bytes(overhead_bytes)} per process outside the pool when sharing a GPU"
+            if overhead_bytes
+            else ""
+        )
         + (f"; {pin_note}" if pin_note else "")
     )
     result = FitResult(
-        mode="fraction", batch_size=batch_size, multiple_of=1, mem_fraction=fraction, limit_bytes=limit,
-        headroom_bytes=options.headroom_bytes, budget_bytes=limit - options.headroom_bytes, peak_bytes=peak,
-        outcome="fraction", device=device_dict(info, total), workload=workload_info, compiles=compiles,
-        rounds=rounds, wall_seconds=round(time.perf_counter() - start, 3), candidates=candidates,
-        process_overhead_bytes=overhead_bytes, process_overhead_method=overhead.get("method"), message=message,
-        pin=pin.to_dict() if pin else None, pin_note=pin_note,
+        mode="fraction",
+        batch_size=batch_size,
+        multiple_of=1,
+        mem_fraction=fraction,
+        limit_bytes=limit,
+        headroom_bytes=options.headroom_bytes,
+        budget_bytes=limit - options.headroom_bytes,
+        peak_bytes=peak,
+        outcome="fraction",
+        device=device_dict(info, total),
+        workload=workload_info,
+        compiles=compiles,
+        rounds=rounds,
+        wall_seconds=round(time.perf_counter() - start, 3),
+        candidates=candidates,
+        process_overhead_bytes=overhead_bytes,
+        process_overhead_method=overhead.method,
+        message=message,
+        pin=pin.to_dict() if pin else None,
+        pin_note=pin_note,
     )
     store_answer(options, key, result)
     notify(progress, "done", result=result)
     return result
 
 
-def _compile_under_fractions(source: Source, batch_size: int, fractions: list[float], total: int,
-                             gpu_total: int | None, cache_path: str | None, autotune: bool, start_timeout: float, *,
-                             key: str | None, headroom: int,
-                             root: Path) -> list[tuple[CompileOutcome, int, Pin | None, str | None]]:
+def _compile_under_fractions(
+    source: Source,
+    batch_size: int,
+    fractions: list[float],
+    total: int,
+    gpu_total: int | None,
+    cache_path: str | None,
+    autotune: bool,
+    start_timeout: float,
+    *,
+    key: str | None,
+    headroom: int,
+    root: Path,
+) -> list[tuple[CompileOutcome, int, Pin | None, str | None]]:
     """Compile ``batch_size`` once under each fraction of ``total``, one child each, concurrently; each
     child also writes its program as a pin (the one of the answer is kept, the others discarded)."""
+
     def one(fraction: float) -> tuple[CompileOutcome, int, Pin | None, str | None]:
         child_fraction = fraction * total / gpu_total if gpu_total else fraction
         with CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=start_timeout) as child:
@@ -192,9 +255,17 @@ def _compile_under_fractions(source: Source, batch_size: int, fractions: list[fl
             outcome = child.compile([batch_size], autotune=autotune)[batch_size]
             pin, note = None, None
             if outcome.memory is not None and outcome.memory.peak_bytes <= limit - headroom:
-                pin, note = pin_answer(child, batch_size, key=f"{key}-{round(fraction * 100)}" if key else None,
-                                       info=child.info, proven=outcome.memory, budget_bytes=limit - headroom,
-                                       limit_bytes=limit, mem_fraction=fraction, root=root)
+                pin, note = pin_answer(
+                    child,
+                    batch_size,
+                    key=f"{key}-{round(fraction * 100)}" if key else None,
+                    info=child.info,
+                    proven=outcome.memory,
+                    budget_bytes=limit - headroom,
+                    limit_bytes=limit,
+                    mem_fraction=fraction,
+                    root=root,
+                )
             return outcome, limit, pin, note
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(fractions)) as pool:

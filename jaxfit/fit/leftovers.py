@@ -23,8 +23,25 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "env", "node_modules", "__pycache__", ".mypy_cache",
-                       ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".cache", ".ipynb_checkpoints"})
+SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        ".venv",
+        "venv",
+        "env",
+        "node_modules",
+        "__pycache__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".tox",
+        ".nox",
+        ".cache",
+        ".ipynb_checkpoints",
+    }
+)
 """Folder names never listed (and never removed): version control, environments, caches."""
 MAX_ENTRIES = 200_000
 """Entries listed at most; a larger working folder is not checked."""
@@ -49,12 +66,16 @@ class Leftovers:
         """One clause for the fit's message ('' when there is nothing to say)."""
         parts = []
         if self.removed:
-            parts.append(f"removed what the probe's start-up created: {', '.join(self.removed[:6])}"
-                         + (f" and {len(self.removed) - 6} more" if len(self.removed) > 6 else ""))
+            parts.append(
+                f"removed what the probe's start-up created: {', '.join(self.removed[:6])}"
+                + (f" and {len(self.removed) - 6} more" if len(self.removed) > 6 else "")
+            )
         if self.kept:
-            parts.append(f"while the probe ran, {', '.join(self.kept[:6])} appeared with data in it and was left in "
-                         f"place: the real run may find it (remove it if the probe wrote it, and point the script's "
-                         f"outputs elsewhere while probing, e.g. {REDIRECT_HINT})")
+            parts.append(
+                f"while the probe ran, {', '.join(self.kept[:6])} appeared with data in it and was left in "
+                f"place: the real run may find it (remove it if the probe wrote it, and point the script's "
+                f"outputs elsewhere while probing, e.g. {REDIRECT_HINT})"
+            )
         if self.note:
             parts.append(self.note)
         return "; ".join(parts)
@@ -66,8 +87,11 @@ def listing(root: Path, exclude: frozenset[str] = frozenset()) -> set[str] | Non
     ``exclude``: absolute paths of folders not to list (jaxfit's own cache)."""
     found: set[str] = set()
     for folder, dirs, files in os.walk(root, followlinks=False):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")
-                   and os.path.join(folder, d) not in exclude]
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in SKIP_DIRS and not d.endswith(".egg-info") and os.path.join(folder, d) not in exclude
+        ]
         rel = os.path.relpath(folder, root)
         for name in dirs + files:
             found.add(name if rel == "." else os.path.join(rel, name))
@@ -102,7 +126,9 @@ def tops(paths: set[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def cleaned(root: str | os.PathLike[str] | None, exclude: tuple[str | os.PathLike[str], ...] = ()) -> Iterator[Leftovers]:
+def cleaned(
+    root: str | os.PathLike[str] | None, exclude: tuple[str | os.PathLike[str], ...] = ()
+) -> Iterator[Leftovers]:
     """List ``root`` before the body (the probes) and remove what appeared by its end (module docstring).
 
     ``exclude``: folders jaxfit itself writes to meanwhile (its cache), never listed."""

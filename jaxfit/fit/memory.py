@@ -36,13 +36,7 @@ class MemoryReport:
     @property
     def peak_bytes(self) -> int:
         """Peak device bytes of one step: argument + output - alias + temp + generated code."""
-        return (
-            self.argument_bytes
-            + self.output_bytes
-            - self.alias_bytes
-            + self.temp_bytes
-            + self.generated_code_bytes
-        )
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.generated_code_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, with ``peak_bytes`` included."""

@@ -41,8 +41,11 @@ def default_mem_fraction() -> float:
 
 def _size_spec() -> tyro.constructors.PrimitiveConstructorSpec[int]:
     return tyro.constructors.PrimitiveConstructorSpec(
-        nargs=1, metavar="SIZE", instance_from_str=lambda args: budget_mod.parse_size(args[0]),
-        is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool), str_from_instance=lambda x: [str(x)],
+        nargs=1,
+        metavar="SIZE",
+        instance_from_str=lambda args: budget_mod.parse_size(args[0]),
+        is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool),
+        str_from_instance=lambda x: [str(x)],
     )
 
 

@@ -143,9 +143,18 @@ def find(key: str | None) -> Pin | None:
     return pin
 
 
-def pin_answer(child: CompileChild, batch: int, *, key: str | None, info: DeviceInfo, proven: MemoryReport,
-               budget_bytes: int, limit_bytes: int, mem_fraction: float,
-               root: Path | None = None) -> tuple[Pin | None, str | None]:
+def pin_answer(
+    child: CompileChild,
+    batch: int,
+    *,
+    key: str | None,
+    info: DeviceInfo,
+    proven: MemoryReport,
+    budget_bytes: int,
+    limit_bytes: int,
+    mem_fraction: float,
+    root: Path | None = None,
+) -> tuple[Pin | None, str | None]:
     """Have ``child`` write the program it compiled at ``batch``, and describe it in ``pin.json``
     (in ``root``, default :func:`pins_root`).
 
@@ -165,9 +174,19 @@ def pin_answer(child: CompileChild, batch: int, *, key: str | None, info: Device
     except OSError as e:
         return None, f"not pinned: cannot write to {root}: {e.strerror or e}"
     reply = child.pin(batch, str(folder / EXECUTABLE_FILE))
-    pin, note = _describe(reply, folder, child=child, batch=batch, info=info, proven=proven,
-                          budget_bytes=budget_bytes, limit_bytes=limit_bytes, mem_fraction=mem_fraction,
-                          step_name=step_name, key=key)
+    pin, note = _describe(
+        reply,
+        folder,
+        child=child,
+        batch=batch,
+        info=info,
+        proven=proven,
+        budget_bytes=budget_bytes,
+        limit_bytes=limit_bytes,
+        mem_fraction=mem_fraction,
+        step_name=step_name,
+        key=key,
+    )
     if pin is None:
         shutil.rmtree(folder, ignore_errors=True)
     else:
@@ -175,28 +194,63 @@ def pin_answer(child: CompileChild, batch: int, *, key: str | None, info: Device
     return pin, note
 
 
-def _describe(reply: Mapping[str, Any], folder: Path, *, child: CompileChild, batch: int, info: DeviceInfo,
-              proven: MemoryReport, budget_bytes: int, limit_bytes: int, mem_fraction: float, step_name: str,
-              key: str | None) -> tuple[Pin | None, str | None]:
+def _describe(
+    reply: Mapping[str, Any],
+    folder: Path,
+    *,
+    child: CompileChild,
+    batch: int,
+    info: DeviceInfo,
+    proven: MemoryReport,
+    budget_bytes: int,
+    limit_bytes: int,
+    mem_fraction: float,
+    step_name: str,
+    key: str | None,
+) -> tuple[Pin | None, str | None]:
     if not reply.get("ok"):
         return None, f"not pinned: the program could not be written ({str(reply.get('error'))[:300]})"
     written = MemoryReport.from_dict(reply["memory"])
     note = None
     if reply.get("recompiled") and written.peak_bytes != proven.peak_bytes:
         if written.peak_bytes > budget_bytes:
-            return None, (f"not pinned: compiled again for the pin (the proof came from jaxfit's cache), the program "
-                          f"needs {format_bytes(written.peak_bytes)}, over the budget; fit again with --no-cache")
-        note = (f"the pinned program was compiled again (the proof came from jaxfit's cache): its peak is "
-                f"{format_bytes(written.peak_bytes)}, within the budget")
-    pin = Pin(path=str(folder / PIN_FILE), step_name=step_name, batch_size=batch, peak_bytes=written.peak_bytes,
-              budget_bytes=budget_bytes, fingerprint=str(reply["fingerprint"]), executable_bytes=int(reply["bytes"]))
+            return None, (
+                f"not pinned: compiled again for the pin (the proof came from jaxfit's cache), the program "
+                f"needs {format_bytes(written.peak_bytes)}, over the budget; fit again with --no-cache"
+            )
+        note = (
+            f"the pinned program was compiled again (the proof came from jaxfit's cache): its peak is "
+            f"{format_bytes(written.peak_bytes)}, within the budget"
+        )
+    pin = Pin(
+        path=str(folder / PIN_FILE),
+        step_name=step_name,
+        batch_size=batch,
+        peak_bytes=written.peak_bytes,
+        budget_bytes=budget_bytes,
+        fingerprint=str(reply["fingerprint"]),
+        executable_bytes=int(reply["bytes"]),
+    )
     data = {
-        "format": FORMAT, "summary": pin.to_dict(), "step_name": step_name, "batch_size": batch,
-        "fingerprint": pin.fingerprint, "executable": EXECUTABLE_FILE, "peak_bytes": written.peak_bytes,
-        "memory": written.to_dict(), "budget_bytes": budget_bytes, "limit_bytes": limit_bytes,
-        "mem_fraction": mem_fraction, "jax_version": info.jax_version, "xla_flags": reply.get("xla_flags") or "",
-        "platform": info.platform, "device_kind": info.device_kind, "device_count": info.device_count,
-        "workload": child.workload_info.get("name"), "question_key": key, "created_at": time.time(),
+        "format": FORMAT,
+        "summary": pin.to_dict(),
+        "step_name": step_name,
+        "batch_size": batch,
+        "fingerprint": pin.fingerprint,
+        "executable": EXECUTABLE_FILE,
+        "peak_bytes": written.peak_bytes,
+        "memory": written.to_dict(),
+        "budget_bytes": budget_bytes,
+        "limit_bytes": limit_bytes,
+        "mem_fraction": mem_fraction,
+        "jax_version": info.jax_version,
+        "xla_flags": reply.get("xla_flags") or "",
+        "platform": info.platform,
+        "device_kind": info.device_kind,
+        "device_count": info.device_count,
+        "workload": child.workload_info.get("name"),
+        "question_key": key,
+        "created_at": time.time(),
     }
     from jaxfit.files import write_json
 

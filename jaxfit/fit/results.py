@@ -42,12 +42,19 @@ class Candidate:
         m = outcome.memory
         peak = m.peak_bytes if m else None
         return cls(
-            batch_size=outcome.batch_size, peak_bytes=peak,
-            argument_bytes=m.argument_bytes if m else None, output_bytes=m.output_bytes if m else None,
-            alias_bytes=m.alias_bytes if m else None, temp_bytes=m.temp_bytes if m else None,
-            fits=peak is not None and peak <= budget_bytes, compile_seconds=round(outcome.compile_seconds, 3),
-            cached=outcome.cached, autotuned=outcome.autotuned, oom=outcome.oom,
-            flops=m.flops if m else None, **extra,
+            batch_size=outcome.batch_size,
+            peak_bytes=peak,
+            argument_bytes=m.argument_bytes if m else None,
+            output_bytes=m.output_bytes if m else None,
+            alias_bytes=m.alias_bytes if m else None,
+            temp_bytes=m.temp_bytes if m else None,
+            fits=peak is not None and peak <= budget_bytes,
+            compile_seconds=round(outcome.compile_seconds, 3),
+            cached=outcome.cached,
+            autotuned=outcome.autotuned,
+            oom=outcome.oom,
+            flops=m.flops if m else None,
+            **extra,
         )
 
 
@@ -139,8 +146,9 @@ def fitting_above(candidates: list[Candidate], answer: int, *, tuned_only: bool)
     ran at 2252 and 2468 but not at 2253). With ``tuned_only`` untuned compiles are ignored, since
     near the limit they can fit where the real (autotuned) program does not.
     """
-    return sorted({c.batch_size for c in candidates
-                   if c.fits and c.batch_size > answer and (c.autotuned or not tuned_only)})
+    return sorted(
+        {c.batch_size for c in candidates if c.fits and c.batch_size > answer and (c.autotuned or not tuned_only)}
+    )
 
 
 NEAR_BUDGET = 0.03
@@ -154,6 +162,8 @@ def near_budget_note(peak_bytes: int, budget_bytes: int) -> str:
     spare = (budget_bytes - peak_bytes) / budget_bytes
     if spare >= NEAR_BUDGET:
         return ""
-    return (f"; note: only {spare:.1%} of the budget is spare and the program is not pinned, so autotuning in the "
-            f"training process can pick kernels that need more (measured: 2.5% more near the limit); --headroom "
-            f"{budget_mod.format_bytes(int(NEAR_BUDGET * budget_bytes))} keeps a margin")
+    return (
+        f"; note: only {spare:.1%} of the budget is spare and the program is not pinned, so autotuning in the "
+        f"training process can pick kernels that need more (measured: 2.5% more near the limit); --headroom "
+        f"{budget_mod.format_bytes(int(NEAR_BUDGET * budget_bytes))} keeps a margin"
+    )

@@ -42,9 +42,7 @@ class Grid:
         if self.step < 1:
             raise ConfigError(f"--multiple-of must be a positive integer, got {self.step}")
         if self.low > self.high:
-            raise ConfigError(
-                f"--min-batch ({self.low}) is larger than --max-batch ({self.high}); swap or widen them"
-            )
+            raise ConfigError(f"--min-batch ({self.low}) is larger than --max-batch ({self.high}); swap or widen them")
         if self.first > self.last:
             raise ConfigError(
                 f"no multiple of {self.step} lies in [{self.low}, {self.high}]; "
@@ -399,18 +397,27 @@ def prove(
         start = hi - grid.step
     elif cheap.outcome == "none":
         start = None
-    return settle(evaluate, grid, start, prior=trusted_prior(cheap.known, budget),
-                  slope=affine_slope(cheap.known, budget), width=width)
+    return settle(
+        evaluate,
+        grid,
+        start,
+        prior=trusted_prior(cheap.known, budget),
+        slope=affine_slope(cheap.known, budget),
+        width=width,
+    )
 
 
-def _next_settle_round(grid: Grid, known: Mapping[int, float], prior: Mapping[int, float],
-                       slope: float | None, width: int) -> list[int]:
+def _next_settle_round(
+    grid: Grid, known: Mapping[int, float], prior: Mapping[int, float], slope: float | None, width: int
+) -> list[int]:
     """The expensive points to compile next for :func:`settle`, or ``[]`` once proved."""
     merged = {**prior, **known}
     outcome = settled(grid, merged)
     if outcome is not None:
         b = Bracket.of(merged)
-        ends = {"none": [grid.first], "max": [grid.last], "boundary": [b.lo, b.hi]}[outcome]
+        ends: list[int | None] = (
+            [grid.first] if outcome == "none" else [grid.last] if outcome == "max" else [b.lo, b.hi]
+        )
         # Settled once the ends are expensive points too (then ``known`` alone settles it).
         return [x for x in ends if x is not None and x not in known]
     b = Bracket.of(merged)
@@ -421,7 +428,7 @@ def _next_settle_round(grid: Grid, known: Mapping[int, float], prior: Mapping[in
         return interior or [x for x in (b.lo, b.hi) if x is not None and x not in known][:width]
     fits = sorted(x for x, e in known.items() if e <= 0 and x < hi)
     fails = sorted(x for x, e in known.items() if e > 0 and math.isfinite(e) and x > lo)
-    step = _step_slope(known, fails if not fits else fits, slope)
+    step = _step_slope(known, fits or fails, slope)
     if step is None or (fits and fails) or not (fits or fails):
         # Both sides proved by expensive points, nothing finite to step from (a compile that ran
         # out of memory), or no slope to step by: interpolate and split.
@@ -444,7 +451,7 @@ def _step_slope(known: Mapping[int, float], side: list[int], slope: float | None
     """Excess per unit of batch to step by: the secant of two expensive points on one side of the
     boundary when it is plausible (within 4x of the cheap slope), else the cheap slope."""
     if len(side) >= 2:
-        a, b = (side[:2] if known[side[0]] > 0 else side[-2:])
+        a, b = side[:2] if known[side[0]] > 0 else side[-2:]
         secant = (known[b] - known[a]) / (b - a)
         if secant > 0 and (slope is None or slope / 4 <= secant <= slope * 4):
             return secant

@@ -139,16 +139,20 @@ class ScriptSource:
 
     def with_command(self, run_command: list[str] | tuple[str, ...], batch_size: int | None) -> ScriptSource:
         """The same source with another training command (the probe-only arguments kept)."""
-        extra = self.command[len(self.run_command):]
-        return dataclasses.replace(self, command=tuple(run_command) + extra, run_command=tuple(run_command),
-                                   batch_size=batch_size)
+        extra = self.command[len(self.run_command) :]
+        return dataclasses.replace(
+            self, command=tuple(run_command) + extra, run_command=tuple(run_command), batch_size=batch_size
+        )
 
 
 Source = ExampleSource | EntrySource | ScriptSource
 """Any workload source."""
 
 _KINDS: dict[str, type[ExampleSource] | type[EntrySource] | type[ScriptSource]] = {
-    "example": ExampleSource, "entry": EntrySource, "script": ScriptSource}
+    "example": ExampleSource,
+    "entry": EntrySource,
+    "script": ScriptSource,
+}
 
 
 def to_json(source: Source) -> str:
@@ -232,9 +236,14 @@ def script_source(
             raise ConfigError(f"{name} {flag!r} must be a flag name, e.g. {name}=--{flag.lstrip('-') or 'bs'}")
     run_command = tuple(check_command(command))
     return ScriptSource(
-        command=run_command + tuple(probe_args or ()), run_command=run_command, step_name=step_name,
-        batch_flag=batch_flag, accum_flag=accum_flag, batch_size=batch_value(command, batch_flag),
-        batch_arg=batch_arg, cwd=os.getcwd(),
+        command=run_command + tuple(probe_args or ()),
+        run_command=run_command,
+        step_name=step_name,
+        batch_flag=batch_flag,
+        accum_flag=accum_flag,
+        batch_size=batch_value(command, batch_flag),
+        batch_arg=batch_arg,
+        cwd=os.getcwd(),
     )
 
 

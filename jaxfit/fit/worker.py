@@ -10,7 +10,6 @@ FACTS.md #3), with the workload source in ``$JAXFIT_WORKLOAD_SOURCE``. The proto
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -27,15 +26,18 @@ def main() -> int:
         workload = build_workload(from_json(os.environ[SOURCE_ENV]))
         description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))
         server = server_mod.Server(
-            workload.lower, replies, {"name": workload.name, "description": description},
+            workload.lower,
+            replies,
+            {"name": workload.name, "description": description},
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
         )
     except Exception as e:
         from jaxfit.errors import JaxfitError
 
         user = isinstance(e, JaxfitError)
-        server_mod.send_error(replies, "user" if user else "internal", type(e).__name__,
-                              str(e) if user else f"{type(e).__name__}: {e}")
+        server_mod.send_error(
+            replies, "user" if user else "internal", type(e).__name__, str(e) if user else f"{type(e).__name__}: {e}"
+        )
         return 3
     server.ready()
     server.serve(requests)

@@ -111,6 +111,7 @@ def abstractify(tree: Any) -> Any:
 def count_bytes(tree: Any) -> int:
     """Total bytes of the array leaves of ``tree`` (abstract or concrete)."""
     import jax
+
     total = 0
     for x in jax.tree_util.tree_leaves(tree):
         if hasattr(x, "shape") and hasattr(x, "dtype"):

@@ -10,14 +10,13 @@ Used by ``jaxfit run --global-batch`` and by ``global_batch`` in a schedule's qu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from jaxfit.run.command import batch_value, with_batch
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
-from jaxfit.fit.sources import DEFAULT_ACCUM_FLAG, DEFAULT_BATCH_FLAG, ScriptSource
 from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
 from jaxfit.fit.common import Progress
+from jaxfit.fit.sources import DEFAULT_ACCUM_FLAG, DEFAULT_BATCH_FLAG, ScriptSource
+from jaxfit.run.command import batch_value, with_batch
 
 BATCH_FLAG = DEFAULT_BATCH_FLAG
 """The batch flag: samples per optimizer step (the global batch)."""
@@ -43,8 +42,9 @@ def next_accumulation(global_batch: int, steps: int) -> int | None:
     return None
 
 
-def with_steps(command: Sequence[str], batch: int, steps: int, batch_flag: str = BATCH_FLAG,
-               accum_flag: str = ACCUM_FLAG) -> tuple[str, ...]:
+def with_steps(
+    command: Sequence[str], batch: int, steps: int, batch_flag: str = BATCH_FLAG, accum_flag: str = ACCUM_FLAG
+) -> tuple[str, ...]:
     """``command`` with ``batch_flag=batch`` and, when accumulating or already set, ``accum_flag=steps``."""
     out = with_batch(list(command), batch_flag, batch)
     if steps > 1 or batch_value(out, accum_flag) is not None:
@@ -52,15 +52,24 @@ def with_steps(command: Sequence[str], batch: int, steps: int, batch_flag: str =
     return tuple(out)
 
 
-def accumulated_command(command: Sequence[str], global_batch: int, steps: int, batch_flag: str = BATCH_FLAG,
-                        accum_flag: str = ACCUM_FLAG) -> list[str]:
+def accumulated_command(
+    command: Sequence[str], global_batch: int, steps: int, batch_flag: str = BATCH_FLAG, accum_flag: str = ACCUM_FLAG
+) -> list[str]:
     """``command`` with ``batch_flag=global_batch`` and ``accum_flag=steps``, even for 1."""
     return with_batch(list(with_steps(command, global_batch, steps, batch_flag, accum_flag)), accum_flag, steps)
 
 
-def fit_accumulated(source: ScriptSource, global_batch: int, options: FitOptions, *,
-                    fraction: float | None, micro_limit: int, progress: Progress | None = None,
-                    label: str = "", hint: str = "raise the fraction") -> tuple[int, FitResult]:
+def fit_accumulated(
+    source: ScriptSource,
+    global_batch: int,
+    options: FitOptions,
+    *,
+    fraction: float | None,
+    micro_limit: int,
+    progress: Progress | None = None,
+    label: str = "",
+    hint: str = "raise the fraction",
+) -> tuple[int, FitResult]:
     """The fewest accumulation steps under which ``global_batch`` compiles and fits.
 
     With a ``fraction`` the step at ``batch=global --grad-accum-steps=a`` is compiled under it
@@ -91,8 +100,9 @@ def fit_accumulated(source: ScriptSource, global_batch: int, options: FitOptions
             progress("note", {"text": f"{label}global batch {global_batch} as {steps} x {global_batch // steps}"})
         if fraction is None:
             return steps, fit_fraction(accumulated, global_batch, options, progress=progress)
-        exact = dataclasses.replace(options, mem_fraction=fraction, min_batch=global_batch,
-                                    max_batch=global_batch, multiple_of=steps)
+        exact = dataclasses.replace(
+            options, mem_fraction=fraction, min_batch=global_batch, max_batch=global_batch, multiple_of=steps
+        )
         try:
             return steps, fit_batch(accumulated, exact, progress=progress)
         except DoesNotFitError as err:
@@ -100,5 +110,6 @@ def fit_accumulated(source: ScriptSource, global_batch: int, options: FitOptions
     raise ConfigError(
         f"global batch {global_batch} does not fit under fraction {fraction:.2f} accumulated as "
         f"{' or '.join(tried) or 'micro-batches that fit'} (steps x micro-batch)"
-        + (f": {str(last).split(';')[0]}" if last else "") + f"; {hint}"
+        + (f": {str(last).split(';')[0]}" if last else "")
+        + f"; {hint}"
     )

@@ -35,7 +35,7 @@ def batch_value(command: Sequence[str], flag: str) -> int | None:
     for i, arg in enumerate(command):
         value: str | None = None
         if arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
+            value = arg[len(flag) + 1 :]
         elif arg == flag and i + 1 < len(command):
             value = command[i + 1]
         if value is not None:

@@ -12,20 +12,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxfit.run.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
-from jaxfit.run.accumulation import BATCH_FLAG as DEFAULT_BATCH_FLAG
+from jaxfit.errors import ConfigError
+from jaxfit.files import write_json
+from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
 from jaxfit.fit.cache import default_cache_path
-from jaxfit.run.command import batch_value, with_batch
+from jaxfit.fit.common import Progress
 from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
 from jaxfit.fit.devices import visible_device_count
-from jaxfit.errors import ConfigError
-from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
-from jaxfit.fit.common import Progress
-from jaxfit.versions import jaxfit_version
 from jaxfit.fit.pin import Pin, hook_environment, read_report
 from jaxfit.fit.sources import ScriptSource
-from jaxfit.files import write_json
+from jaxfit.run.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
+from jaxfit.run.accumulation import BATCH_FLAG as DEFAULT_BATCH_FLAG
+from jaxfit.run.command import batch_value, with_batch
 from jaxfit.run.tracking import resolve_mode
+from jaxfit.versions import jaxfit_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,24 +66,36 @@ class RunPlan:
             pinned = f"; {self.fit.pin_note or 'not pinned'}"
         else:
             pinned = "; not pinned: nothing was fitted"
-        return (f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}, batch {self.batch_size}{accumulated} ({how}"
-                + (f", predicted peak {format_bytes(peak)} of {format_bytes(self.settings['budget_bytes'])}" if peak else "")
-                + f"){pinned}")
+        return (
+            f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}, batch {self.batch_size}{accumulated} ({how}"
+            + (
+                f", predicted peak {format_bytes(peak)} of {format_bytes(self.settings['budget_bytes'])}"
+                if peak
+                else ""
+            )
+            + f"){pinned}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the command, its environment, the settings, the pin and the fit."""
-        return {"command": self.command, "env": self.env, "mem_fraction": self.mem_fraction,
-                "batch_size": self.batch_size, "settings": self.settings,
-                "pin": self.pin.to_dict() if self.pin else None,
-                "fit": self.fit.to_dict() if self.fit else None}
+        return {
+            "command": self.command,
+            "env": self.env,
+            "mem_fraction": self.mem_fraction,
+            "batch_size": self.batch_size,
+            "settings": self.settings,
+            "pin": self.pin.to_dict() if self.pin else None,
+            "fit": self.fit.to_dict() if self.fit else None,
+        }
 
     def describe(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} {shlex.join(self.command)}"
 
 
-def run_settings(fit: FitResult | None, mem_fraction: float, batch_size: int, command: list[str],
-                 accum_flag: str = ACCUM_FLAG) -> dict[str, Any]:
+def run_settings(
+    fit: FitResult | None, mem_fraction: float, batch_size: int, command: list[str], accum_flag: str = ACCUM_FLAG
+) -> dict[str, Any]:
     """The settings a run is started with, as they are logged (wandb config key ``jaxfit``)."""
     accum = batch_value(command, accum_flag)
     settings: dict[str, Any] = {
@@ -95,12 +107,23 @@ def run_settings(fit: FitResult | None, mem_fraction: float, batch_size: int, co
     }
     if fit is not None:
         settings.update(
-            predicted_peak_bytes=fit.peak_bytes, budget_bytes=fit.budget_bytes, limit_bytes=fit.limit_bytes,
-            headroom_bytes=fit.headroom_bytes, device=fit.device.get("device_kind"),
-            device_count=fit.device.get("device_count"), process_overhead_bytes=fit.process_overhead_bytes,
-            fit_outcome=fit.outcome, candidates=[
-                {"batch_size": c.batch_size, "mem_fraction": c.mem_fraction, "peak_bytes": c.peak_bytes,
-                 "fits": c.fits, "autotuned": c.autotuned} for c in fit.candidates
+            predicted_peak_bytes=fit.peak_bytes,
+            budget_bytes=fit.budget_bytes,
+            limit_bytes=fit.limit_bytes,
+            headroom_bytes=fit.headroom_bytes,
+            device=fit.device.get("device_kind"),
+            device_count=fit.device.get("device_count"),
+            process_overhead_bytes=fit.process_overhead_bytes,
+            fit_outcome=fit.outcome,
+            candidates=[
+                {
+                    "batch_size": c.batch_size,
+                    "mem_fraction": c.mem_fraction,
+                    "peak_bytes": c.peak_bytes,
+                    "fits": c.fits,
+                    "autotuned": c.autotuned,
+                }
+                for c in fit.candidates
             ],
         )
     return settings
@@ -120,23 +143,34 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
         return
     env = dict(os.environ, WANDB_MODE="disabled")
     try:
-        proc = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=timeout, env=env,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [*command, "--help"], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
-                          f"check that it takes {flag}; put {flag}=N in the command") from None
+        raise ConfigError(
+            f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
+            f"check that it takes {flag}; put {flag}=N in the command"
+        ) from None
     if flag not in proc.stdout + proc.stderr:
         if fix is None and flag == DEFAULT_BATCH_FLAG:
             fix = f"pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs), or put {flag}=N in the command"
         elif fix is None:
-            fix = (f"check the spelling of {flag}, or, if the script takes it without listing it in --help (absl "
-                   f"config flags), put {flag}=N in the command")
+            fix = (
+                f"check the spelling of {flag}, or, if the script takes it without listing it in --help (absl "
+                f"config flags), put {flag}=N in the command"
+            )
         raise ConfigError(f"the command's --help does not mention {flag}; {fix}")
 
 
-def plan_run(source: ScriptSource, options: FitOptions, *, batch_size: int | None = None,
-             fraction_given: bool = True, global_batch: int | None = None,
-             progress: Progress | None = None) -> RunPlan:
+def plan_run(
+    source: ScriptSource,
+    options: FitOptions,
+    *,
+    batch_size: int | None = None,
+    fraction_given: bool = True,
+    global_batch: int | None = None,
+    progress: Progress | None = None,
+) -> RunPlan:
     """Decide the fraction and batch of a training command (fitting what was not given).
 
     Args:
@@ -179,36 +213,52 @@ def _check_device_multiple(flag: str, value: int) -> None:
     """A batch the command shards over every visible device must be a positive multiple of their count."""
     devices = visible_device_count()
     if value < 1 or value % devices:
-        raise ConfigError(f"{flag} {value} does not divide by the {devices} visible devices; "
-                          f"use a multiple of {devices}")
+        raise ConfigError(
+            f"{flag} {value} does not divide by the {devices} visible devices; use a multiple of {devices}"
+        )
 
 
-def _plan_accumulated(source: ScriptSource, options: FitOptions, command: list[str], global_batch: int,
-                      batch_size: int | None, fraction_given: bool, progress: Progress | None) -> RunPlan:
+def _plan_accumulated(
+    source: ScriptSource,
+    options: FitOptions,
+    command: list[str],
+    global_batch: int,
+    batch_size: int | None,
+    fraction_given: bool,
+    progress: Progress | None,
+) -> RunPlan:
     """:func:`plan_run` with ``--global-batch``: the batch flag at the global batch, accumulated."""
     if global_batch < 1:
         raise ConfigError(f"--global-batch {global_batch} must be at least 1 (samples per optimizer step)")
     _check_device_multiple("--global-batch", global_batch)
     accum_flag = source.accum_flag
     if batch_size is not None and (batch_size < 1 or global_batch % batch_size):
-        raise ConfigError(f"--global-batch {global_batch} is not a multiple of --batch-size {batch_size}; make it "
-                          "one, so that every optimizer step sees the same number of samples")
-    check_batch_flag(command, accum_flag, fix=f"--global-batch needs a script that accumulates gradients with it "
-                                               "(as openpi-style scripts and scripts/train.py do); name the script's "
-                                               "own flag with --accum-flag, or put it in the command")
+        raise ConfigError(
+            f"--global-batch {global_batch} is not a multiple of --batch-size {batch_size}; make it "
+            "one, so that every optimizer step sees the same number of samples"
+        )
+    check_batch_flag(
+        command,
+        accum_flag,
+        fix="--global-batch needs a script that accumulates gradients with it "
+        "(as openpi-style scripts and scripts/train.py do); name the script's "
+        "own flag with --accum-flag, or put it in the command",
+    )
     hint = "raise --mem-fraction, or leave it out to fit the smallest fraction"
     fit: FitResult | None = None
     if batch_size is not None and fraction_given:
         steps, fraction = global_batch // batch_size, options.resolved_fraction()
     elif batch_size is not None:
-        steps, fit = fit_accumulated(source, global_batch, options, fraction=None, micro_limit=batch_size,
-                                     progress=progress, hint=hint)
+        steps, fit = fit_accumulated(
+            source, global_batch, options, fraction=None, micro_limit=batch_size, progress=progress, hint=hint
+        )
         fraction = fit.mem_fraction
     else:
         fraction = options.resolved_fraction()
         micro = fit_batch(source, options, progress=progress)
-        steps, fit = fit_accumulated(source, global_batch, options, fraction=fraction,
-                                     micro_limit=micro.batch_size, progress=progress, hint=hint)
+        steps, fit = fit_accumulated(
+            source, global_batch, options, fraction=fraction, micro_limit=micro.batch_size, progress=progress, hint=hint
+        )
     final = accumulated_command(command, global_batch, steps, source.batch_flag, accum_flag)
     settings = run_settings(fit, fraction, global_batch, final, accum_flag)
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
@@ -256,20 +306,30 @@ class RunOutcome:
         if self.program_pinned:
             return f"the train step ran the proven program (peak {format_bytes(self.pinned_peak_bytes)})"
         if self.stopped:
-            return (f"stopped before its first step: its own program needs {format_bytes(self.program_peak_bytes)}, "
-                    f"over the budget ({self.reason})")
-        return f"not pinned: {self.reason}" + (f" (its own program: peak {format_bytes(self.program_peak_bytes)})"
-                                               if self.program_peak_bytes else "")
+            return (
+                f"stopped before its first step: its own program needs {format_bytes(self.program_peak_bytes)}, "
+                f"over the budget ({self.reason})"
+            )
+        return f"not pinned: {self.reason}" + (
+            f" (its own program: peak {format_bytes(self.program_peak_bytes)})" if self.program_peak_bytes else ""
+        )
 
 
-def outcome_of(exit_code: int, plan_pin: Pin | None, report: Mapping[str, Any] | None, *,
-               not_pinned: str | None) -> RunOutcome:
+def outcome_of(
+    exit_code: int, plan_pin: Pin | None, report: Mapping[str, Any] | None, *, not_pinned: str | None
+) -> RunOutcome:
     """A run's :class:`RunOutcome` from the hook's report (``jaxfit.fit.pin.read_report``)."""
     if report is None:
         reason = not_pinned or ("the train step was never called" if plan_pin is not None else "nothing was pinned")
         return RunOutcome(exit_code, False, plan_pin.peak_bytes if plan_pin else None, None, reason)
-    return RunOutcome(exit_code, bool(report.get("program_pinned")), report.get("pinned_peak_bytes"),
-                      report.get("program_peak_bytes"), report.get("reason"), bool(report.get("stopped")))
+    return RunOutcome(
+        exit_code,
+        bool(report.get("program_pinned")),
+        report.get("pinned_peak_bytes"),
+        report.get("program_peak_bytes"),
+        report.get("reason"),
+        bool(report.get("stopped")),
+    )
 
 
 def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> RunOutcome:

@@ -17,15 +17,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jaxfit.schedule import packing
-
+from jaxfit.errors import ConfigError
+from jaxfit.fit.answers import device_identity
 from jaxfit.fit.cache import AnswerCache, default_cache_path, usable_cache
 from jaxfit.fit.compiler import CompileChild
 from jaxfit.fit.devices import detect_gpus
-from jaxfit.errors import ConfigError
-from jaxfit.fit.answers import device_identity
-from jaxfit.versions import jax_version as _jax_version
 from jaxfit.fit.sources import example_source
+from jaxfit.schedule import packing
+from jaxfit.versions import jax_version as _jax_version
 
 CALIBRATION_FRACTION = 1.0
 """The fraction the measuring child starts under: its allocator limit is then CUDA's total (with
@@ -97,8 +96,9 @@ def calibrate(*, use_cache: bool = True, cache_path: str | None = None, start_ti
         found = cached_calibration(cache_path)
         if found is not None:
             return found
-    with CompileChild(example_source("mlp-tiny"), CALIBRATION_FRACTION, cache_path=None,
-                      start_timeout=start_timeout) as child:
+    with CompileChild(
+        example_source("mlp-tiny"), CALIBRATION_FRACTION, cache_path=None, start_timeout=start_timeout
+    ) as child:
         assert child.info is not None
         if not child.info.limit_sensitive:
             raise ConfigError(
@@ -106,13 +106,17 @@ def calibrate(*, use_cache: bool = True, cache_path: str | None = None, start_ti
                 "one, set process_overhead in the queue (618MiB was measured on an H200)"
             )
         reply = child.process_overhead()
-    if reply.get("bytes") is None:
-        raise ConfigError(f"could not measure the per-process overhead: {reply.get('method')}")
+    if reply.bytes is None:
+        raise ConfigError(f"could not measure the per-process overhead: {reply.method}")
     smi = detect_gpus()
     result = Calibration(
-        process_overhead_bytes=int(reply["bytes"]), cuda_total_bytes=int(child.info.bytes_limit or 0),
-        smi_total_bytes=smi[0].total_bytes if smi else None, process_used_bytes=reply.get("process_used_bytes"),
-        pool_bytes=reply.get("pool_bytes"), device=device_identity(), jax_version=_jax_version(),
+        process_overhead_bytes=reply.bytes,
+        cuda_total_bytes=int(child.info.bytes_limit or 0),
+        smi_total_bytes=smi[0].total_bytes if smi else None,
+        process_used_bytes=reply.process_used_bytes,
+        pool_bytes=reply.pool_bytes,
+        device=device_identity(),
+        jax_version=_jax_version(),
         measured_at=time.time(),
     )
     path = usable_cache(cache_path or default_cache_path())

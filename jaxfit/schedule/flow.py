@@ -19,18 +19,18 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from jaxfit.schedule import packing
-from jaxfit.fit.budget import format_bytes
-from jaxfit.fit.devices import detect_gpus, visible_entry
 from jaxfit.errors import ConfigError
-from jaxfit.schedule.folder import ScheduleLock, create_state, ensure_no_schedule, open_state
-from jaxfit.schedule.scheduler import ExecuteOptions, Scheduler, pin_status, result_rows
+from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.common import Progress
+from jaxfit.fit.devices import detect_gpus, visible_entry
 from jaxfit.fit.options import FitOptions
+from jaxfit.schedule import packing
 from jaxfit.schedule.backends.local import Launcher, LocalLauncher
-from jaxfit.schedule.queue_file import Queue
-from jaxfit.schedule.state import StateStore
+from jaxfit.schedule.folder import ScheduleLock, create_state, ensure_no_schedule, open_state
 from jaxfit.schedule.planner import check_commands, load_plan, plan_queue, resolve_gpus
+from jaxfit.schedule.queue_file import Queue
+from jaxfit.schedule.scheduler import ExecuteOptions, Scheduler, pin_status, result_rows
+from jaxfit.schedule.state import StateStore
 
 BACKENDS = ("local", "ray")
 
@@ -72,9 +72,19 @@ def make_launcher(backend: str, ray_address: str | None = None, *, logical_gpus:
 def status_table(store: StateStore, title: str = "") -> Table:
     """One row per experiment: its GPU, fraction, batch, accumulation, state, attempts, time."""
     table = Table(title=title or None, title_justify="left")
-    for column, justify in (("experiment", "left"), ("gpu", "right"), ("fraction", "right"), ("batch", "right"),
-                            ("accum", "right"), ("need", "right"), ("state", "left"), ("attempts", "right"),
-                            ("time", "right"), ("pinned", "center"), ("note", "left")):
+    for column, justify in (
+        ("experiment", "left"),
+        ("gpu", "right"),
+        ("fraction", "right"),
+        ("batch", "right"),
+        ("accum", "right"),
+        ("need", "right"),
+        ("state", "left"),
+        ("attempts", "right"),
+        ("time", "right"),
+        ("pinned", "center"),
+        ("note", "left"),
+    ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     now = time.time()
     colours = {"done": "green", "running": "cyan", "failed": "red", "timeout": "red", "interrupted": "yellow"}
@@ -88,13 +98,32 @@ def status_table(store: StateStore, title: str = "") -> Table:
         if r.attempts:
             status = pin_status(r)
             pinned = "yes" if status["program_pinned"] else "no"
-        table.add_row(r.name, str(r.gpu), f"{r.mem_fraction:.2f}", str(r.batch_size), str(r.grad_accum_steps),
-                      format_bytes(r.need_bytes), state, str(r.attempts), elapsed, pinned, r.reason or "")
+        table.add_row(
+            r.name,
+            str(r.gpu),
+            f"{r.mem_fraction:.2f}",
+            str(r.batch_size),
+            str(r.grad_accum_steps),
+            format_bytes(r.need_bytes),
+            state,
+            str(r.attempts),
+            elapsed,
+            pinned,
+            r.reason or "",
+        )
     return table
 
 
-def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Console, *, quiet: bool,
-         monitor_interval: float, timeline_path: Path | None) -> Outcome:
+def _run(
+    store: StateStore,
+    scheduler: Scheduler,
+    state_dir: Path,
+    console: Console,
+    *,
+    quiet: bool,
+    monitor_interval: float,
+    timeline_path: Path | None,
+) -> Outcome:
     """Run the scheduler with the monitor and the display; then draw the timeline."""
     from jaxfit.schedule.monitor import Monitor
 
@@ -125,7 +154,9 @@ def _run(store: StateStore, scheduler: Scheduler, state_dir: Path, console: Cons
         scheduler.launcher.close()
     note = None
     if monitor is not None and not monitor.available:
-        note = f"{monitor.reason}; sampled each run's host memory (RSS) instead" if monitor.host_gpus else monitor.reason
+        note = (
+            f"{monitor.reason}; sampled each run's host memory (RSS) instead" if monitor.host_gpus else monitor.reason
+        )
     timeline = None
     if timeline_path is not None:
         timeline = draw(store, timeline_path)
@@ -137,8 +168,14 @@ def draw(store: StateStore, path: Path, title: str = "") -> Path:
     from jaxfit.schedule.timeline import draw_timeline
 
     gpus = [(g.index, g.total_bytes, g.capacity_bytes) for g in packing.Plan.from_dict(store.meta("plan")).gpus]
-    return draw_timeline(path, store.experiments(), store.attempts(), store.samples(), gpus,
-                         title=title or f"jaxfit schedule {Path(store.meta('queue')['source']).stem}")
+    return draw_timeline(
+        path,
+        store.experiments(),
+        store.attempts(),
+        store.samples(),
+        gpus,
+        title=title or f"jaxfit schedule {Path(store.meta('queue')['source']).stem}",
+    )
 
 
 def _physical_index(position: int) -> int:
@@ -153,14 +190,23 @@ def _reporter(console: Console, quiet: bool) -> Any:
         if quiet and kind not in ("failed", "timeout", "oom", "crashed", "finished"):
             return
         stamp = time.strftime("%H:%M:%S")
-        console.print(f"[dim]{stamp}[/] {kind:<11} " + (f"[bold]{name}[/]: " if name else "") + text, highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"[dim]{stamp}[/] {kind:<11} " + (f"[bold]{name}[/]: " if name else "") + text,
+            highlight=False,
+            soft_wrap=True,
+        )
 
     return report
 
 
-def target_gpus(queue: Queue, *, gpus: int | None, device_memory_bytes: int | None, dry_run: bool,
-                note: Callable[[str], None] = lambda _text: None) -> tuple[Queue, list[packing.GPU], bool]:
+def target_gpus(
+    queue: Queue,
+    *,
+    gpus: int | None,
+    device_memory_bytes: int | None,
+    dry_run: bool,
+    note: Callable[[str], None] = lambda _text: None,
+) -> tuple[Queue, list[packing.GPU], bool]:
     """The GPUs a queue is planned on, and the queue with its per-process overhead filled in.
 
     On the visible GPUs (no ``--device-memory``, no more ``--gpus`` than are visible) fractions are
@@ -176,7 +222,7 @@ def target_gpus(queue: Queue, *, gpus: int | None, device_memory_bytes: int | No
         of :func:`jaxfit.schedule.planner.resolve_gpus` and of calibration.
     """
     visible = detect_gpus()
-    if visible and not dry_run and (device_memory_bytes is not None or gpus is not None and gpus > len(visible)):
+    if visible and not dry_run and (device_memory_bytes is not None or (gpus is not None and gpus > len(visible))):
         raise ConfigError(
             f"{len(visible)} GPUs are visible, so the runs go on them at their own size; --device-memory and "
             "more --gpus than are visible only plan (add --dry-run)"
@@ -191,26 +237,42 @@ def target_gpus(queue: Queue, *, gpus: int | None, device_memory_bytes: int | No
         if queue.process_overhead_bytes is None:
             queue = dataclasses.replace(queue, process_overhead_bytes=calibration.process_overhead_bytes)
             source = "jaxfit calibrate"
-        note(f"GPU 0: {format_bytes(calibration.cuda_total_bytes)} as CUDA reports it; per-process overhead "
-             f"{format_bytes(queue.process_overhead_bytes or 0)} ({source})")
+        note(
+            f"GPU 0: {format_bytes(calibration.cuda_total_bytes)} as CUDA reports it; per-process overhead "
+            f"{format_bytes(queue.process_overhead_bytes or 0)} ({source})"
+        )
     targets = resolve_gpus(queue, gpus=gpus, device_memory_bytes=device_memory_bytes, detected=visible)
     if not on_device:
         from jaxfit._probe.jaxfit_compile_server import host_memory_bytes
 
         planned, host = sum(g.total_bytes for g in targets), host_memory_bytes()
         if planned > host:
-            note(f"warning: {len(targets)} logical GPUs of {format_bytes(targets[0].total_bytes)} hold "
-                 f"{format_bytes(planned)} in all, more than this machine's {format_bytes(host)} of RAM; on logical "
-                 "GPUs the runs compute on the CPU, so runs planned side by side may run out of host memory (data-"
-                 "loader workers add to it); plan fewer or smaller logical GPUs")
+            note(
+                f"warning: {len(targets)} logical GPUs of {format_bytes(targets[0].total_bytes)} hold "
+                f"{format_bytes(planned)} in all, more than this machine's {format_bytes(host)} of RAM; on logical "
+                "GPUs the runs compute on the CPU, so runs planned side by side may run out of host memory (data-"
+                "loader workers add to it); plan fewer or smaller logical GPUs"
+            )
     return queue, targets, on_device
 
 
-def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, state_dir: Path, backend: str,
-                   console: Console, options_base: FitOptions = FitOptions(), progress: Progress | None = None,
-                   probe_args: Sequence[str] = (), execute_options: ExecuteOptions = ExecuteOptions(),
-                   ray_address: str | None = None, quiet: bool = False,
-                   timeline_path: Path | None = None, plan_path: str | None = None) -> Outcome:
+def start_schedule(
+    queue: Queue,
+    gpus: Sequence[packing.GPU],
+    *,
+    logical: bool,
+    state_dir: Path,
+    backend: str,
+    console: Console,
+    options_base: FitOptions = FitOptions(),
+    progress: Progress | None = None,
+    probe_args: Sequence[str] = (),
+    execute_options: ExecuteOptions = ExecuteOptions(),
+    ray_address: str | None = None,
+    quiet: bool = False,
+    timeline_path: Path | None = None,
+    plan_path: str | None = None,
+) -> Outcome:
     """Plan ``queue`` onto ``gpus`` (or take the plan in ``plan_path``), store it in ``state_dir``, run it.
 
     Raises:
@@ -223,8 +285,9 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
         if sorted((g.index, g.total_bytes) for g in plan.gpus) != sorted((g.index, g.total_bytes) for g in gpus):
             raise ConfigError(f"{plan_path} was planned for other GPUs than these; plan again with --dry-run --json")
     else:
-        runs, plan = plan_queue(queue, gpus, options_base=options_base, progress=progress, probe_args=probe_args,
-                                on_device=not logical)
+        runs, plan = plan_queue(
+            queue, gpus, options_base=options_base, progress=progress, probe_args=probe_args, on_device=not logical
+        )
     group = execute_options.wandb_group or f"{Path(queue.source).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     options = dataclasses.replace(execute_options, wandb_group=group)
     with ScheduleLock(state_dir):
@@ -234,11 +297,24 @@ def start_schedule(queue: Queue, gpus: Sequence[packing.GPU], *, logical: bool, 
             console.print(f"the finished schedule that was in {state_dir} is now in {archived}", highlight=False)
         launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
         store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
-        scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet),
-                              env={e.name: e.env for e in queue.experiments})
+        scheduler = Scheduler(
+            store,
+            launcher,
+            state_dir,
+            options,
+            report=_reporter(console, quiet),
+            env={e.name: e.env for e in queue.experiments},
+        )
         try:
-            return _run(store, scheduler, state_dir, console, quiet=quiet, monitor_interval=options.monitor_interval,
-                        timeline_path=timeline_path or state_dir / "timeline.png")
+            return _run(
+                store,
+                scheduler,
+                state_dir,
+                console,
+                quiet=quiet,
+                monitor_interval=options.monitor_interval,
+                timeline_path=timeline_path or state_dir / "timeline.png",
+            )
         finally:
             store.close()
 
@@ -256,13 +332,21 @@ def queue_env(store: StateStore, queue: Queue | None) -> dict[str, dict[str, str
             raise ConfigError(
                 f"experiment {record.name!r} sets {', '.join(missing)} in its env, whose values jaxfit does not "
                 f"store (they may be secrets); resume with the queue file that gives them: "
-                f"jaxfit schedule QUEUE.yaml --resume")
+                f"jaxfit schedule QUEUE.yaml --resume"
+            )
     return given
 
 
-def resume_schedule(state_dir: Path, *, console: Console, execute_options: ExecuteOptions = ExecuteOptions(),
-                    ray_address: str | None = None, quiet: bool = False,
-                    timeline_path: Path | None = None, queue: Queue | None = None) -> Outcome:
+def resume_schedule(
+    state_dir: Path,
+    *,
+    console: Console,
+    execute_options: ExecuteOptions = ExecuteOptions(),
+    ray_address: str | None = None,
+    quiet: bool = False,
+    timeline_path: Path | None = None,
+    queue: Queue | None = None,
+) -> Outcome:
     """Continue the schedule stored in ``state_dir``: adopt live attempts, never re-run finished ones.
 
     Args:
@@ -277,14 +361,24 @@ def resume_schedule(state_dir: Path, *, console: Console, execute_options: Execu
         with ScheduleLock(state_dir):
             backend = store.meta("backend", "local")
             logical = bool(store.meta("logical", False))
-            launcher = make_launcher(backend, ray_address,
-                                     logical_gpus=len(packing.Plan.from_dict(store.meta("plan")).gpus) if logical else None)
-            options = dataclasses.replace(execute_options, wandb_group=execute_options.wandb_group
-                                          or store.meta("wandb_group"))
+            launcher = make_launcher(
+                backend,
+                ray_address,
+                logical_gpus=len(packing.Plan.from_dict(store.meta("plan")).gpus) if logical else None,
+            )
+            options = dataclasses.replace(
+                execute_options, wandb_group=execute_options.wandb_group or store.meta("wandb_group")
+            )
             scheduler = Scheduler(store, launcher, state_dir, options, report=_reporter(console, quiet), env=env)
             scheduler.reattach()
-            return _run(store, scheduler, state_dir, console, quiet=quiet,
-                        monitor_interval=options.monitor_interval,
-                        timeline_path=timeline_path or state_dir / "timeline.png")
+            return _run(
+                store,
+                scheduler,
+                state_dir,
+                console,
+                quiet=quiet,
+                monitor_interval=options.monitor_interval,
+                timeline_path=timeline_path or state_dir / "timeline.png",
+            )
     finally:
         store.close()

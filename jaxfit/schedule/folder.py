@@ -24,6 +24,7 @@ from jaxfit.schedule.state import ExperimentRecord, StateStore
 STATE_FILE = "state.sqlite"
 """The state file inside a schedule's state folder."""
 
+
 def default_state_dir(queue_path: str | Path) -> Path:
     """``jaxfit-runs/<queue file stem>`` in the current directory: where a queue's schedule lives."""
     return Path("jaxfit-runs") / Path(queue_path).stem
@@ -60,8 +61,10 @@ def ensure_no_schedule(state_dir: Path, *, archive: bool = False) -> Path | None
     if not finished:
         holder = ScheduleLock(state_dir).holder()
         if holder is not None:
-            raise ConfigError(f"{state_dir} is being run by jaxfit right now (pid {holder}; {summary}); wait for it, "
-                              "or stop it (Ctrl-C / kill) and then pass --resume")
+            raise ConfigError(
+                f"{state_dir} is being run by jaxfit right now (pid {holder}; {summary}); wait for it, "
+                "or stop it (Ctrl-C / kill) and then pass --resume"
+            )
         raise ConfigError(
             f"{state_dir} holds an unfinished schedule ({summary}); pass --resume to continue it, or "
             "--state-dir DIR to start a new one elsewhere"
@@ -77,8 +80,16 @@ def ensure_no_schedule(state_dir: Path, *, archive: bool = False) -> Path | None
     return target
 
 
-def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], plan: packing.Plan, *,
-                 logical: bool, backend: str, wandb_group: str | None) -> StateStore:
+def create_state(
+    state_dir: Path,
+    queue: Queue,
+    runs: Sequence[ScheduledRun],
+    plan: packing.Plan,
+    *,
+    logical: bool,
+    backend: str,
+    wandb_group: str | None,
+) -> StateStore:
     """Write a new schedule's state: the plan, one ``pending`` row per experiment, a ``planned`` event.
 
     Raises:
@@ -90,13 +101,22 @@ def create_state(state_dir: Path, queue: Queue, runs: Sequence[ScheduledRun], pl
     records = []
     for placement in plan.placements:
         run, experiment = by_name[placement.name], queue.experiment(placement.name)
-        records.append(ExperimentRecord(
-            name=run.name, position=placement.start, gpu=placement.gpu, mem_fraction=placement.mem_fraction,
-            batch_size=run.batch_size, grad_accum_steps=run.grad_accum_steps,
-            need_bytes=placement.need_bytes, command=run.command,
-            env=tuple(sorted(experiment.env)), retries=experiment.retries, timeout=experiment.timeout,
-            pin_path=_keep_pin(run, state_dir),
-        ))
+        records.append(
+            ExperimentRecord(
+                name=run.name,
+                position=placement.start,
+                gpu=placement.gpu,
+                mem_fraction=placement.mem_fraction,
+                batch_size=run.batch_size,
+                grad_accum_steps=run.grad_accum_steps,
+                need_bytes=placement.need_bytes,
+                command=run.command,
+                env=tuple(sorted(experiment.env)),
+                retries=experiment.retries,
+                timeout=experiment.timeout,
+                pin_path=_keep_pin(run, state_dir),
+            )
+        )
     store.add_experiments(records)
     store.set_meta("queue", queue.to_dict())
     store.set_meta("runs", [run.to_dict() for run in runs])
@@ -143,8 +163,10 @@ class ScheduleLock:
         except OSError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise ConfigError(f"{self.path.with_suffix('')} is being run by jaxfit (pid {holder}); wait for it, "
-                              "or stop it (Ctrl-C / kill) and then --resume") from None
+            raise ConfigError(
+                f"{self.path.with_suffix('')} is being run by jaxfit (pid {holder}); wait for it, "
+                "or stop it (Ctrl-C / kill) and then --resume"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
@@ -190,8 +212,9 @@ def check_state_dir(state_dir: Path) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise ConfigError(f"--state-dir {state_dir}: {existing} is not writable ({e.strerror or e}); choose another "
-                          "--state-dir") from None
+        raise ConfigError(
+            f"--state-dir {state_dir}: {existing} is not writable ({e.strerror or e}); choose another --state-dir"
+        ) from None
 
 
 def open_state(state_dir: Path) -> StateStore:
@@ -204,5 +227,3 @@ def open_state(state_dir: Path) -> StateStore:
     if not path.exists():
         raise ConfigError(f"no schedule to resume in {state_dir} (no {STATE_FILE}); start one without --resume")
     return StateStore(path)
-
-

@@ -91,7 +91,7 @@ def group_rss(pgids: Iterable[int], proc: str = "/proc") -> dict[int, int]:
         except OSError:  # ended between the listing and the read (ENOENT, ESRCH)
             continue
         # "pid (comm) state ppid pgrp ... rss ...": comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         try:
             pgrp, rss_pages = int(fields[2]), int(fields[21])
         except (IndexError, ValueError):
@@ -159,9 +159,9 @@ class Monitor:
             raise ConfigError(f"monitor source {source!r} is not one of {', '.join(_SOURCES)}")
         if not interval > 0:
             raise ConfigError(f"monitor interval {interval!r} must be a positive number of seconds")
-        for gpu, physical in gpus.items():
-            if physical is not None and physical < 0:
-                raise ConfigError(f"GPU {gpu}: NVML index {physical} must be 0 or more (None for a logical GPU)")
+        for gpu, nvml_index in gpus.items():
+            if nvml_index is not None and nvml_index < 0:
+                raise ConfigError(f"GPU {gpu}: NVML index {nvml_index} must be 0 or more (None for a logical GPU)")
         self.store = store
         self.gpus: dict[int, int | None] = dict(gpus)
         self.owners = owners
@@ -192,10 +192,11 @@ class Monitor:
             if failure is not None:
                 reasons.append(failure)
             else:
+                nvml: Any = self._nvml  # set by _init_nvml
                 for gpu, index in sorted(physical.items()):
                     try:
-                        self._handles[gpu] = self._nvml.nvmlDeviceGetHandleByIndex(index)
-                    except self._nvml.NVMLError as e:
+                        self._handles[gpu] = nvml.nvmlDeviceGetHandleByIndex(index)
+                    except nvml.NVMLError as e:
                         reasons.append(f"GPU {gpu}: NVML has no device {index} ({e})")
                 if not self._handles:
                     self._shutdown_nvml()
@@ -252,8 +253,9 @@ class Monitor:
             utilization: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except nvml.NVMLError:  # not supported (MIG, some vGPUs)
             utilization = None
-        rows = [Sample(t=t, gpu=gpu, used_bytes=int(memory.used), total_bytes=int(memory.total),
-                       utilization=utilization)]
+        rows = [
+            Sample(t=t, gpu=gpu, used_bytes=int(memory.used), total_bytes=int(memory.total), utilization=utilization)
+        ]
         try:
             processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         except nvml.NVMLError as e:
@@ -263,8 +265,16 @@ class Monitor:
             used = p.usedGpuMemory
             if used is None:  # not available (Windows WDDM, some MIG setups)
                 continue
-            rows.append(Sample(t=t, gpu=gpu, used_bytes=int(used), total_bytes=int(memory.total),
-                               name=self._owner_of(int(p.pid), groups), pid=int(p.pid)))
+            rows.append(
+                Sample(
+                    t=t,
+                    gpu=gpu,
+                    used_bytes=int(used),
+                    total_bytes=int(memory.total),
+                    name=self._owner_of(int(p.pid), groups),
+                    pid=int(p.pid),
+                )
+            )
         return rows
 
     @staticmethod
@@ -296,8 +306,9 @@ class Monitor:
                     self._failed(e)
         if not self._host_ok:
             return rows
-        host_runs = {pid: owner for pid, owner in owners.items()
-                     if owner[1] in self.host_gpus or owner[1] not in self.gpus}
+        host_runs = {
+            pid: owner for pid, owner in owners.items() if owner[1] in self.host_gpus or owner[1] not in self.gpus
+        }
         gpus = sorted(self.host_gpus | {gpu for _, gpu in host_runs.values()})
         rss = group_rss(host_runs)
         totals = dict.fromkeys(gpus, 0)
@@ -316,7 +327,7 @@ class Monitor:
             try:
                 rows = self.read()
                 self.store.add_samples(rows)
-            except Exception as e:  # noqa: BLE001 - the monitor never stops a schedule
+            except Exception as e:
                 self._failed(e)
                 return []
             for s in rows:

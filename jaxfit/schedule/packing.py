@@ -48,10 +48,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from jaxfit.fit.budget import fraction_for_bytes, format_bytes
 from jaxfit.errors import ConfigError
-
-from jaxfit.fit.devices import GPU  # noqa: F401 - part of this module's interface
+from jaxfit.fit.budget import format_bytes, fraction_for_bytes
+from jaxfit.fit.devices import GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +79,7 @@ class Need:
             raise ConfigError("a packing need has an empty name; name every run")
         if self.peak_bytes is None and self.fraction is None:
             raise ConfigError(
-                f"run {self.name!r} has neither a peak nor a fraction; "
-                "fit it first or give it a fraction"
+                f"run {self.name!r} has neither a peak nor a fraction; fit it first or give it a fraction"
             )
         if self.peak_bytes is not None and self.peak_bytes <= 0:
             raise ConfigError(f"run {self.name!r}: peak_bytes={self.peak_bytes} must be positive")
@@ -188,7 +186,14 @@ class GpuPlan:
 
 
 ROW_HEADERS: tuple[str, ...] = (
-    "start", "experiment", "gpu", "fraction", "peak", "need", "priority", "after",
+    "start",
+    "experiment",
+    "gpu",
+    "fraction",
+    "peak",
+    "need",
+    "priority",
+    "after",
 )
 """Column names of :meth:`Plan.rows`."""
 
@@ -246,16 +251,23 @@ class Plan:
           KeyError, TypeError, ValueError: not such data.
         """
         placements = tuple(Placement(**{**p, "after": tuple(p["after"])}) for p in data["placements"])
-        gpus = tuple(GpuPlan(**{k: v for k, v in g.items() if k != "free_bytes"} | {"runs": tuple(g["runs"])})
-                     for g in data["gpus"])
+        gpus = tuple(
+            GpuPlan(**{k: v for k, v in g.items() if k != "free_bytes"} | {"runs": tuple(g["runs"])})
+            for g in data["gpus"]
+        )
         return cls(placements, gpus, int(data["reserve_bytes"]), int(data["overhead_bytes"]))
 
     def rows(self) -> list[tuple[str, ...]]:
         """One row of strings per run, in start order, under :data:`ROW_HEADERS`."""
         return [
             (
-                str(p.start), p.name, str(p.gpu), f"{p.mem_fraction:.2f}", format_bytes(p.peak_bytes),
-                format_bytes(p.need_bytes), str(p.priority),
+                str(p.start),
+                p.name,
+                str(p.gpu),
+                f"{p.mem_fraction:.2f}",
+                format_bytes(p.peak_bytes),
+                format_bytes(p.need_bytes),
+                str(p.priority),
                 "now" if p.immediate else "after " + ", ".join(p.after),
             )
             for p in self.placements
@@ -288,9 +300,7 @@ class _GpuState:
         return len(self.live)
 
 
-def _check_inputs(
-    needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int, overhead_bytes: int
-) -> None:
+def _check_inputs(needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int, overhead_bytes: int) -> None:
     """Reject empty, duplicate or negative inputs with one-line messages."""
     if not gpus:
         raise ConfigError("no GPU to plan on; give at least one GPU (or set device_memory)")
@@ -301,9 +311,7 @@ def _check_inputs(
         if g.total_bytes <= 0:
             raise ConfigError(f"GPU {g.index} has total memory {g.total_bytes}; it must be positive")
     if reserve_bytes < 0 or overhead_bytes < 0:
-        raise ConfigError(
-            f"reserve ({reserve_bytes}) and process overhead ({overhead_bytes}) must be >= 0 bytes"
-        )
+        raise ConfigError(f"reserve ({reserve_bytes}) and process overhead ({overhead_bytes}) must be >= 0 bytes")
     names = [n.name for n in needs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -332,8 +340,10 @@ def _reject_if_too_big(need: Need, states: Sequence[_GpuState], overhead_bytes: 
     fraction = need.fraction_on(total)
     peak = ""
     if need.peak_bytes is not None:
-        peak = format_bytes(need.peak_bytes) + " peak" + (
-            f" + {format_bytes(need.headroom_bytes)} headroom" if need.headroom_bytes else ""
+        peak = (
+            format_bytes(need.peak_bytes)
+            + " peak"
+            + (f" + {format_bytes(need.headroom_bytes)} headroom" if need.headroom_bytes else "")
         )
     if fraction <= 1 and not need.fits_pool_on(total):  # a fixed fraction below the peak
         raise ConfigError(
@@ -378,9 +388,7 @@ def _choose_gpu(need: Need, states: Sequence[_GpuState], overhead_bytes: int) ->
     return best[1], best[2], best[3]
 
 
-def plan(
-    needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int = 0, overhead_bytes: int = 0
-) -> Plan:
+def plan(needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int = 0, overhead_bytes: int = 0) -> Plan:
     """Pack ``needs`` onto ``gpus`` (best-fit decreasing in waves; the module docstring has the policy).
 
     Args:
@@ -420,19 +428,32 @@ def plan(
             state.initial += bytes_needed
         waves[need.name] = 1 + max(waves[name] for name in after) if after else 0
         total = state.gpu.total_bytes
-        placements.append(Placement(
-            name=need.name, gpu=state.gpu.index, mem_fraction=need.fraction_on(total),
-            peak_bytes=need.peak_bytes, pool_bytes=need.pool_on(total), need_bytes=bytes_needed,
-            priority=need.priority, start=start, wave=waves[need.name], after=after,
-        ))
+        placements.append(
+            Placement(
+                name=need.name,
+                gpu=state.gpu.index,
+                mem_fraction=need.fraction_on(total),
+                peak_bytes=need.peak_bytes,
+                pool_bytes=need.pool_on(total),
+                need_bytes=bytes_needed,
+                priority=need.priority,
+                start=start,
+                wave=waves[need.name],
+                after=after,
+            )
+        )
 
     gpu_plans = tuple(
         GpuPlan(
-            index=s.gpu.index, total_bytes=s.gpu.total_bytes, capacity_bytes=s.capacity,
-            initial_bytes=s.initial, planned_bytes=s.planned,
+            index=s.gpu.index,
+            total_bytes=s.gpu.total_bytes,
+            capacity_bytes=s.capacity,
+            initial_bytes=s.initial,
+            planned_bytes=s.planned,
             runs=tuple(p.name for p in placements if p.gpu == s.gpu.index),
         )
         for s in states
     )
-    return Plan(placements=tuple(placements), gpus=gpu_plans, reserve_bytes=reserve_bytes,
-                overhead_bytes=overhead_bytes)
+    return Plan(
+        placements=tuple(placements), gpus=gpu_plans, reserve_bytes=reserve_bytes, overhead_bytes=overhead_bytes
+    )

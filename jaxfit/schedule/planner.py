@@ -45,15 +45,15 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from jaxfit.schedule import packing
-from jaxfit.run.accumulation import BATCH_FLAG, fit_accumulated, with_steps
-from jaxfit.fit.budget import format_bytes
-from jaxfit.fit.devices import detect_gpus
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, fit_batch, fit_fraction
+from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.common import Progress
-from jaxfit.schedule.queue_file import Experiment, Queue
+from jaxfit.fit.devices import detect_gpus
 from jaxfit.fit.sources import script_source
+from jaxfit.run.accumulation import BATCH_FLAG, fit_accumulated, with_steps
+from jaxfit.schedule import packing
+from jaxfit.schedule.queue_file import Experiment, Queue
 
 QUEUE_HINT = "raise the fraction or use fraction: auto"
 NO_GPU_HINT = "pass --gpus N --device-memory SIZE to plan on N GPUs of SIZE (e.g. --gpus 1 --device-memory 80GiB)"
@@ -140,19 +140,26 @@ def _notify(progress: Progress | None, text: str) -> None:
         progress("note", {"text": text})
 
 
-def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
-                 probe_args: Sequence[str], progress: Progress | None) -> tuple[ScheduledRun, packing.Need]:
+def _measure_one(
+    experiment: Experiment, options: FitOptions, auto_share: float, probe_args: Sequence[str], progress: Progress | None
+) -> tuple[ScheduledRun, packing.Need]:
     """Decide one experiment's batch, accumulation and fraction (fitting what is ``auto``) and its need.
 
     Without ``global_batch`` the run trains at the batch given or fitted (``micro = batch``). With
     it, the run trains at ``--batch-size=global_batch`` split into ``--grad-accum-steps`` micro-
     batches of at most the given or fitted batch; the accumulated step is compiled to prove it fits.
     """
-    name, priority, headroom, global_batch = experiment.name, experiment.priority, options.headroom_bytes, \
-        experiment.global_batch
+    name, priority, headroom, global_batch = (
+        experiment.name,
+        experiment.priority,
+        options.headroom_bytes,
+        experiment.global_batch,
+    )
     if global_batch is not None and experiment.batch is not None and global_batch % experiment.batch:
-        raise ConfigError(f"global_batch {global_batch} is not a multiple of batch {experiment.batch}; "
-                          "make it one so every optimizer step sees the same number of samples")
+        raise ConfigError(
+            f"global_batch {global_batch} is not a multiple of batch {experiment.batch}; "
+            "make it one so every optimizer step sees the same number of samples"
+        )
     steps = 1
     pin: dict[str, Any] | None = None
     if experiment.batch is not None and experiment.fraction is not None:
@@ -168,9 +175,16 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
                 result = fit_fraction(source, experiment.batch, options, progress=progress)
             elif experiment.batch is not None:
                 assert global_batch is not None
-                steps, result = fit_accumulated(source, global_batch, options, fraction=None,
-                                                micro_limit=experiment.batch, progress=progress,
-                                                label=f"{name}: ", hint=QUEUE_HINT)
+                steps, result = fit_accumulated(
+                    source,
+                    global_batch,
+                    options,
+                    fraction=None,
+                    micro_limit=experiment.batch,
+                    progress=progress,
+                    label=f"{name}: ",
+                    hint=QUEUE_HINT,
+                )
             else:
                 fraction = experiment.fraction if experiment.fraction is not None else auto_share
                 how = "given" if experiment.fraction is not None else "equal share"
@@ -181,24 +195,44 @@ def _measure_one(experiment: Experiment, options: FitOptions, auto_share: float,
                     # batch, compiled to prove it: even when the fitted batch is larger (then without
                     # accumulation), since the peak need not grow with the batch (an MLP on an H100
                     # fits at 2473 but not at 2253-2326).
-                    steps, result = fit_accumulated(source, global_batch, options, fraction=fraction,
-                                                    micro_limit=result.batch_size, progress=progress,
-                                                    label=f"{name}: ", hint=QUEUE_HINT)
+                    steps, result = fit_accumulated(
+                        source,
+                        global_batch,
+                        options,
+                        fraction=fraction,
+                        micro_limit=result.batch_size,
+                        progress=progress,
+                        label=f"{name}: ",
+                        hint=QUEUE_HINT,
+                    )
         batch, fraction, peak, fitted = result.batch_size, result.mem_fraction, result.peak_bytes, True
         pin = result.pin
         # The fit proved this fraction holds the peak (on a GPU the peak depends on the limit, so
         # a smaller fraction worked out from the peak alone is not proven): the run needs it.
         need = packing.Need(name, peak_bytes=peak, fraction=fraction, priority=priority, headroom_bytes=headroom)
     run = ScheduledRun(
-        name=name, command=with_steps(experiment.command, batch, steps), batch_size=batch,
-        mem_fraction=fraction, peak_bytes=peak, grad_accum_steps=steps, fitted=fitted, priority=priority, pin=pin,
+        name=name,
+        command=with_steps(experiment.command, batch, steps),
+        batch_size=batch,
+        mem_fraction=fraction,
+        peak_bytes=peak,
+        grad_accum_steps=steps,
+        fitted=fitted,
+        priority=priority,
+        pin=pin,
     )
     return run, need
 
 
-def _measure(queue: Queue, gpu_total_bytes: int, gpu_count: int, options_base: FitOptions,
-             progress: Progress | None, probe_args: Sequence[str],
-             on_device: bool = False) -> list[tuple[ScheduledRun, packing.Need]]:
+def _measure(
+    queue: Queue,
+    gpu_total_bytes: int,
+    gpu_count: int,
+    options_base: FitOptions,
+    progress: Progress | None,
+    probe_args: Sequence[str],
+    on_device: bool = False,
+) -> list[tuple[ScheduledRun, packing.Need]]:
     if gpu_total_bytes <= 0:
         raise ConfigError(f"GPU memory {gpu_total_bytes} must be positive")
     if gpu_count < 1:
@@ -215,17 +249,25 @@ def _measure(queue: Queue, gpu_total_bytes: int, gpu_count: int, options_base: F
         try:
             out.append(_measure_one(experiment, options, share or 1.0, probe_args, progress))
         except DoesNotFitError as err:  # its advice in the queue's words, not the CLI's
-            raise DoesNotFitError(f"experiment {experiment.name!r}: {err.what}",
-                                  "give it a larger fraction in the queue (or fraction: auto), a smaller batch "
-                                  "with global_batch, or shrink the model (remat, bf16)") from None
+            raise DoesNotFitError(
+                f"experiment {experiment.name!r}: {err.what}",
+                "give it a larger fraction in the queue (or fraction: auto), a smaller batch "
+                "with global_batch, or shrink the model (remat, bf16)",
+            ) from None
         except JaxfitError as err:
             raise type(err)(f"experiment {experiment.name!r}: {err}") from None
     return out
 
 
-def measure_needs(queue: Queue, gpu_total_bytes: int, *, options_base: FitOptions = FitOptions(),
-                  progress: Progress | None = None, gpu_count: int = 1,
-                  probe_args: Sequence[str] = ()) -> list[ScheduledRun]:
+def measure_needs(
+    queue: Queue,
+    gpu_total_bytes: int,
+    *,
+    options_base: FitOptions = FitOptions(),
+    progress: Progress | None = None,
+    gpu_count: int = 1,
+    probe_args: Sequence[str] = (),
+) -> list[ScheduledRun]:
     """Decide every experiment's batch and fraction on a GPU of ``gpu_total_bytes`` (module docstring).
 
     Args:
@@ -262,9 +304,15 @@ def check_commands(queue: Queue) -> None:
             raise ConfigError(f"experiment {experiment.name!r}: {err}") from None
 
 
-def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOptions = FitOptions(),
-               progress: Progress | None = None, probe_args: Sequence[str] = (),
-               on_device: bool = False) -> tuple[list[ScheduledRun], packing.Plan]:
+def plan_queue(
+    queue: Queue,
+    gpus: Sequence[packing.GPU],
+    *,
+    options_base: FitOptions = FitOptions(),
+    progress: Progress | None = None,
+    probe_args: Sequence[str] = (),
+    on_device: bool = False,
+) -> tuple[list[ScheduledRun], packing.Plan]:
     """Measure every experiment (on the smallest of ``gpus``), then pack them onto ``gpus``.
 
     ``on_device``: ``gpus`` are the visible GPUs (with CUDA's totals,
@@ -279,16 +327,25 @@ def plan_queue(queue: Queue, gpus: Sequence[packing.GPU], *, options_base: FitOp
         raise ConfigError(f"no GPU to plan on; {NO_GPU_HINT}")
     smallest = min(g.total_bytes for g in gpus)
     measured = _measure(queue, smallest, len(gpus), options_base, progress, probe_args, on_device)
-    plan = packing.plan([need for _, need in measured], gpus, reserve_bytes=queue.reserve_bytes,
-                        overhead_bytes=queue.process_overhead_bytes or 0)
+    plan = packing.plan(
+        [need for _, need in measured],
+        gpus,
+        reserve_bytes=queue.reserve_bytes,
+        overhead_bytes=queue.process_overhead_bytes or 0,
+    )
     return [run for run, _ in measured], plan
 
 
 # -- which GPUs ---------------------------------------------------------------------------------
 
 
-def resolve_gpus(queue: Queue, *, gpus: int | None = None, device_memory_bytes: int | None = None,
-                 detected: Sequence[packing.GPU] | None = None) -> list[packing.GPU]:
+def resolve_gpus(
+    queue: Queue,
+    *,
+    gpus: int | None = None,
+    device_memory_bytes: int | None = None,
+    detected: Sequence[packing.GPU] | None = None,
+) -> list[packing.GPU]:
     """The GPUs to plan on (module docstring): CLI flags, else the queue's, else the visible GPUs.
 
     Args:
@@ -355,8 +412,10 @@ def load_plan(path: str, queue: Queue) -> tuple[list[ScheduledRun], packing.Plan
         raise ConfigError(f"{path} is not a plan written by `jaxfit schedule --dry-run --json` ({e})") from None
     planned, queued = sorted(r.name for r in runs), sorted(e.name for e in queue.experiments)
     if planned != queued or sorted(p.name for p in placements) != queued:
-        raise ConfigError(f"{path} plans {', '.join(planned)} but {queue.source} has {', '.join(queued)}; "
-                          "plan this queue again with --dry-run --json")
+        raise ConfigError(
+            f"{path} plans {', '.join(planned)} but {queue.source} has {', '.join(queued)}; "
+            "plan this queue again with --dry-run --json"
+        )
     return runs, plan
 
 
@@ -365,18 +424,35 @@ def schedule_table(runs: Sequence[ScheduledRun], plan: packing.Plan) -> Any:
     from rich.table import Table
 
     by_name = {run.name: run for run in runs}
-    table = Table(title=f"schedule: {len(runs)} runs on {len(plan.gpus)} GPUs in {plan.waves} waves",
-                  title_justify="left")
-    for column, justify in (("name", "left"), ("gpu", "right"), ("fraction", "right"), ("batch", "right"),
-                            ("accum", "right"), ("peak", "right"), ("need", "right"), ("start", "right"),
-                            ("wave", "right"), ("after", "left")):
+    table = Table(
+        title=f"schedule: {len(runs)} runs on {len(plan.gpus)} GPUs in {plan.waves} waves", title_justify="left"
+    )
+    for column, justify in (
+        ("name", "left"),
+        ("gpu", "right"),
+        ("fraction", "right"),
+        ("batch", "right"),
+        ("accum", "right"),
+        ("peak", "right"),
+        ("need", "right"),
+        ("start", "right"),
+        ("wave", "right"),
+        ("after", "left"),
+    ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for p in plan.placements:
         run = by_name[p.name]
         table.add_row(
-            p.name, str(p.gpu), f"{p.mem_fraction:.2f}", f"{run.batch_size}" + ("" if run.fitted else " (given)"),
-            str(run.grad_accum_steps), format_bytes(p.peak_bytes), format_bytes(p.need_bytes), str(p.start),
-            str(p.wave), "now" if p.immediate else ", ".join(p.after),
+            p.name,
+            str(p.gpu),
+            f"{p.mem_fraction:.2f}",
+            f"{run.batch_size}" + ("" if run.fitted else " (given)"),
+            str(run.grad_accum_steps),
+            format_bytes(p.peak_bytes),
+            format_bytes(p.need_bytes),
+            str(p.start),
+            str(p.wave),
+            "now" if p.immediate else ", ".join(p.after),
         )
     return table
 
@@ -388,8 +464,10 @@ def gpu_lines(plan: packing.Plan) -> list[str]:
         reserve = g.total_bytes - g.capacity_bytes
         lines.append(
             f"GPU {g.index}: {format_bytes(g.planned_bytes)} live at most of {format_bytes(g.capacity_bytes)} "
-            f"capacity ({format_bytes(g.total_bytes)}" + (f" less a {format_bytes(reserve)} reserve" if reserve else "")
-            + f"); {len(g.runs)} runs" + (f": {', '.join(g.runs)}" if g.runs else "")
+            f"capacity ({format_bytes(g.total_bytes)}"
+            + (f" less a {format_bytes(reserve)} reserve" if reserve else "")
+            + f"); {len(g.runs)} runs"
+            + (f": {', '.join(g.runs)}" if g.runs else "")
         )
     if plan.overhead_bytes:
         lines.append(f"each run's need includes {format_bytes(plan.overhead_bytes)} per-process overhead")

@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 import yaml
 
-from jaxfit.fit.budget import format_bytes, parse_size
 from jaxfit.errors import ConfigError
+from jaxfit.fit.budget import format_bytes, parse_size
 
 GpuSelection = Literal["all"] | int | tuple[int, ...]
 """Which GPUs a queue uses: ``"all"`` visible ones, the first ``N``, or these indices."""
@@ -49,7 +49,15 @@ TOP_LEVEL_KEYS: tuple[str, ...] = ("gpus", "reserve", "device_memory", "process_
 """The keys a queue file may have at its top level."""
 
 EXPERIMENT_KEYS: tuple[str, ...] = (
-    "name", "command", "batch", "fraction", "global_batch", "retries", "priority", "timeout", "env",
+    "name",
+    "command",
+    "batch",
+    "fraction",
+    "global_batch",
+    "retries",
+    "priority",
+    "timeout",
+    "env",
 )
 """The keys one experiment of a queue file may have."""
 
@@ -58,10 +66,25 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION_UNITS: dict[str, float] = {
-    "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
+    "": 1.0,
+    "s": 1.0,
+    "sec": 1.0,
+    "secs": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "mins": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hrs": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
 }
 _DURATION_PART = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)")
 _ZERO_SIZE = re.compile(r"^\s*0*\.?0+\s*([a-zA-Z]*)\s*$")
@@ -98,9 +121,7 @@ class Experiment:
     retries: int = 1
     priority: int = 0
     timeout: float | None = None
-    env: Mapping[str, str] = dataclasses.field(
-        default_factory=lambda: types.MappingProxyType({}), hash=False
-    )
+    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}), hash=False)
     index: int = 0
 
     @property
@@ -177,9 +198,7 @@ class Queue:
                 return (0,)
             return tuple(range(self.gpus)) if isinstance(self.gpus, int) else self.gpus
         if available <= 0:
-            raise ConfigError(
-                f"{self.source}: no GPU is visible; set device_memory to plan without GPUs"
-            )
+            raise ConfigError(f"{self.source}: no GPU is visible; set device_memory to plan without GPUs")
         if self.gpus == "all":
             return tuple(range(available))
         if isinstance(self.gpus, int):
@@ -258,9 +277,7 @@ def parse_duration(text: str | int | float) -> float:
 def _size(value: Any, where: str, key: str, *, zero_ok: bool) -> int:
     """A size value of the file, in bytes (``zero_ok``: 0 is allowed)."""
     if isinstance(value, bool) or not (_is_number(value) or isinstance(value, str)):
-        raise ConfigError(
-            f"{where}: {key}={value!r} is not a memory size; write e.g. {key}: 2GiB"
-        )
+        raise ConfigError(f"{where}: {key}={value!r} is not a memory size; write e.g. {key}: 2GiB")
     if zero_ok:
         if _is_number(value) and value == 0:
             return 0
@@ -290,14 +307,10 @@ def _parse_gpus(value: Any, where: str) -> GpuSelection:
             raise ConfigError(f"{where}: gpus=[] lists no GPU; {hint}")
         bad = [v for v in value if not _is_int(v) or v < 0]
         if bad:
-            raise ConfigError(
-                f"{where}: gpus={value!r} has {bad[0]!r}, not a GPU index (an int >= 0); {hint}"
-            )
+            raise ConfigError(f"{where}: gpus={value!r} has {bad[0]!r}, not a GPU index (an int >= 0); {hint}")
         duplicates = sorted({v for v in value if value.count(v) > 1})
         if duplicates:
-            raise ConfigError(
-                f"{where}: gpus={value!r} lists GPU {duplicates[0]} twice; list each GPU once"
-            )
+            raise ConfigError(f"{where}: gpus={value!r} lists GPU {duplicates[0]} twice; list each GPU once")
         return tuple(value)
     raise ConfigError(f"{where}: gpus={value!r} is not a GPU selection; {hint}")
 
@@ -310,8 +323,7 @@ def _parse_command(value: Any, where: str) -> tuple[str, ...]:
             args = shlex.split(value)
         except ValueError as err:
             raise ConfigError(
-                f"{where}: command={value!r} cannot be split ({_one_line(err)}); "
-                f"fix its quoting or {hint}"
+                f"{where}: command={value!r} cannot be split ({_one_line(err)}); fix its quoting or {hint}"
             ) from None
     elif isinstance(value, list):
         args = []
@@ -321,9 +333,7 @@ def _parse_command(value: Any, where: str) -> tuple[str, ...]:
             elif _is_number(arg):
                 args.append(str(arg))
             else:
-                raise ConfigError(
-                    f"{where}: command has {arg!r}, not a string; quote each argument, {hint}"
-                )
+                raise ConfigError(f"{where}: command has {arg!r}, not a string; quote each argument, {hint}")
     else:
         raise ConfigError(f"{where}: command={value!r} is not a list or a string; {hint}")
     if not args or not args[0].strip():
@@ -346,10 +356,7 @@ def _parse_fraction(value: Any, where: str) -> float | None:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return None
     if not _is_number(value) or not 0 < value <= 1:
-        raise ConfigError(
-            f"{where}: fraction={value!r} must be 'auto' or a number in (0, 1]; "
-            "write e.g. fraction: 0.3"
-        )
+        raise ConfigError(f"{where}: fraction={value!r} must be 'auto' or a number in (0, 1]; write e.g. fraction: 0.3")
     return float(value)
 
 
@@ -364,9 +371,7 @@ def _parse_int(value: Any, where: str, key: str, minimum: int | None) -> int:
 def _parse_env(value: Any, where: str) -> Mapping[str, str]:
     """The ``env:`` value: a mapping of variable names to strings (numbers are written out)."""
     if not isinstance(value, Mapping):
-        raise ConfigError(
-            f"{where}: env={value!r} is not a mapping; write e.g. env: {{WANDB_MODE: offline}}"
-        )
+        raise ConfigError(f"{where}: env={value!r} is not a mapping; write e.g. env: {{WANDB_MODE: offline}}")
     env: dict[str, str] = {}
     for key, item in value.items():
         if not isinstance(key, str) or not _ENV_NAME.match(key):
@@ -379,9 +384,7 @@ def _parse_env(value: Any, where: str) -> Mapping[str, str]:
         elif _is_number(item):
             env[key] = str(item)
         else:
-            raise ConfigError(
-                f"{where}: env {key}={item!r} is not a string; quote it, e.g. {key}: \"1\""
-            )
+            raise ConfigError(f'{where}: env {key}={item!r} is not a string; quote it, e.g. {key}: "1"')
     return types.MappingProxyType(env)
 
 
@@ -390,9 +393,7 @@ def _unknown_keys(data: Mapping[Any, Any], valid: Sequence[str], where: str, wha
     for key in data:
         if key not in valid:
             hint = " (a queue file has no family: key; that marks an example model config)" if key == "family" else ""
-            raise ConfigError(
-                f"{where}: unknown {what} key {key!r}{hint}; valid keys: {', '.join(valid)}"
-            )
+            raise ConfigError(f"{where}: unknown {what} key {key!r}{hint}; valid keys: {', '.join(valid)}")
 
 
 def _parse_experiment(data: Any, index: int, source: str) -> Experiment:
@@ -400,8 +401,7 @@ def _parse_experiment(data: Any, index: int, source: str) -> Experiment:
     where = f"{source}: experiments[{index}]"
     if not isinstance(data, Mapping):
         raise ConfigError(
-            f"{where} is {type(data).__name__}, not a mapping; write "
-            "'- name: a' with 'command: [...]' under it"
+            f"{where} is {type(data).__name__}, not a mapping; write '- name: a' with 'command: [...]' under it"
         )
     name = data.get("name")
     if isinstance(name, str) and NAME_PATTERN.match(name):
@@ -440,8 +440,16 @@ def _parse_experiment(data: Any, index: int, source: str) -> Experiment:
             raise ConfigError(f"{where}: timeout={data['timeout']!r}: {err}") from None
     env = _parse_env(data["env"], where) if data.get("env") is not None else types.MappingProxyType({})
     return Experiment(
-        name=name, command=command, batch=batch, fraction=fraction, global_batch=global_batch,
-        retries=retries, priority=priority, timeout=timeout, env=env, index=index,
+        name=name,
+        command=command,
+        batch=batch,
+        fraction=fraction,
+        global_batch=global_batch,
+        retries=retries,
+        priority=priority,
+        timeout=timeout,
+        env=env,
+        index=index,
     )
 
 
@@ -461,11 +469,13 @@ def parse_queue(data: Mapping[str, Any], source: str) -> Queue:
     reserve = _size(data["reserve"], source, "reserve", zero_ok=True) if data.get("reserve") is not None else 0
     device_memory = (
         _size(data["device_memory"], source, "device_memory", zero_ok=False)
-        if data.get("device_memory") is not None else None
+        if data.get("device_memory") is not None
+        else None
     )
     overhead = (
         _size(data["process_overhead"], source, "process_overhead", zero_ok=True)
-        if data.get("process_overhead") is not None else None
+        if data.get("process_overhead") is not None
+        else None
     )
     if device_memory is not None and reserve >= device_memory:
         raise ConfigError(
@@ -475,8 +485,7 @@ def parse_queue(data: Mapping[str, Any], source: str) -> Queue:
     raw = data.get("experiments")
     if raw is None or raw == []:
         raise ConfigError(
-            f"{source}: no experiments; add an experiments: list with at least one "
-            "'- name: ...' and 'command: [...]'"
+            f"{source}: no experiments; add an experiments: list with at least one '- name: ...' and 'command: [...]'"
         )
     if not isinstance(raw, list):
         raise ConfigError(
@@ -493,8 +502,12 @@ def parse_queue(data: Mapping[str, Any], source: str) -> Queue:
             )
         seen[experiment.name] = experiment.index
     return Queue(
-        source=source, experiments=experiments, gpus=gpus, reserve_bytes=reserve,
-        device_memory_bytes=device_memory, process_overhead_bytes=overhead,
+        source=source,
+        experiments=experiments,
+        gpus=gpus,
+        reserve_bytes=reserve,
+        device_memory_bytes=device_memory,
+        process_overhead_bytes=overhead,
     )
 
 

@@ -43,21 +43,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxfit.schedule import packing
 from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
-from jaxfit.fit.compiler import PROBE_DIR
-from jaxfit.fit.devices import visible_entry
 from jaxfit._probe.jaxfit_pin import GUARD_MARKER
 from jaxfit.errors import ConfigError
-from jaxfit.schedule.backends.local import DEFAULT_GRACE_SECONDS, LOST, Handle, LaunchSpec, Launcher, read_status_file
-from jaxfit.fit.pin import Pin, hook_environment, read_report
-from jaxfit.fit.pin import copy_to as copy_pin
-from jaxfit.schedule.queue_file import Queue
 from jaxfit.files import write_json
-from jaxfit.schedule.state import Attempt, ExperimentRecord, RunState, StateStore
+from jaxfit.fit.compiler import PROBE_DIR
+from jaxfit.fit.devices import visible_entry
+from jaxfit.fit.pin import Pin, hook_environment, read_report
 from jaxfit.run.accumulation import next_accumulation, with_steps
-from jaxfit.schedule.planner import ScheduledRun
 from jaxfit.run.tracking import resolve_mode
+from jaxfit.schedule import packing
+from jaxfit.schedule.backends.local import DEFAULT_GRACE_SECONDS, LOST, Handle, Launcher, LaunchSpec, read_status_file
+from jaxfit.schedule.state import Attempt, ExperimentRecord, RunState, StateStore
 
 LOG_OOM_MARKERS = ("OutOfMemoryError", GUARD_MARKER)
 """Text in a failed attempt's log that means it ran out of memory, beyond XLA's own markers
@@ -135,9 +132,16 @@ class Scheduler:
       env: Each experiment's ``env`` from the queue file (the state keeps only the names).
     """
 
-    def __init__(self, store: StateStore, launcher: Launcher, state_dir: Path, options: ExecuteOptions = ExecuteOptions(),
-                 report: Report | None = None, on_tick: Callable[[], None] | None = None,
-                 env: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        launcher: Launcher,
+        state_dir: Path,
+        options: ExecuteOptions = ExecuteOptions(),
+        report: Report | None = None,
+        on_tick: Callable[[], None] | None = None,
+        env: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.store, self.launcher, self.state_dir, self.options = store, launcher, Path(state_dir), options
         self.env = {name: dict(values) for name, values in (env or {}).items()}
         self._report, self.on_tick = report, on_tick
@@ -164,11 +168,16 @@ class Scheduler:
     def _settings(self, record: ExperimentRecord, attempt: int) -> dict[str, Any]:
         """What the run's WandB config gets under ``jaxfit``."""
         return {
-            "scheduled": True, "schedule": str(self.state_dir), "gpu": record.gpu,
-            "mem_fraction": record.mem_fraction, "batch_size": record.batch_size,
+            "scheduled": True,
+            "schedule": str(self.state_dir),
+            "gpu": record.gpu,
+            "mem_fraction": record.mem_fraction,
+            "batch_size": record.batch_size,
             "grad_accum_steps": record.grad_accum_steps,
             "micro_batch_size": record.batch_size // max(1, record.grad_accum_steps),
-            "need_bytes": record.need_bytes, "attempt": attempt, "backend": self.launcher.name,
+            "need_bytes": record.need_bytes,
+            "attempt": attempt,
+            "backend": self.launcher.name,
         }
 
     def _spec(self, record: ExperimentRecord, attempt: int) -> LaunchSpec:
@@ -197,9 +206,14 @@ class Scheduler:
         env.update(hook_environment(pin, report_path_of(stem + ".log") if pin else None))
         command = with_steps(record.command, record.batch_size, record.grad_accum_steps)
         return LaunchSpec(
-            name=record.name, attempt=attempt, command=command, env=env,
-            log_path=stem + ".log", status_path=status_path_of(stem + ".log"),
-            gpu=record.gpu, gpu_share=min(1.0, record.need_bytes / self.totals[record.gpu]),
+            name=record.name,
+            attempt=attempt,
+            command=command,
+            env=env,
+            log_path=stem + ".log",
+            status_path=status_path_of(stem + ".log"),
+            gpu=record.gpu,
+            gpu_share=min(1.0, record.need_bytes / self.totals[record.gpu]),
             cwd=self.options.cwd or os.getcwd(),
         )
 
@@ -215,14 +229,36 @@ class Scheduler:
             return
         self.handles[record.name] = handle
         self.attempt_started[record.name] = now
-        self.store.start_attempt(Attempt(record.name, attempt, record.batch_size, record.grad_accum_steps, handle.pid,
-                                         now, None, None, None, spec.log_path))
-        self.store.update(record.name, state=RunState.RUNNING, attempts=attempt, pid=handle.pid, log_path=spec.log_path,
-                          started_at=record.started_at or now, reason=None)
+        self.store.start_attempt(
+            Attempt(
+                record.name,
+                attempt,
+                record.batch_size,
+                record.grad_accum_steps,
+                handle.pid,
+                now,
+                None,
+                None,
+                None,
+                spec.log_path,
+            )
+        )
+        self.store.update(
+            record.name,
+            state=RunState.RUNNING,
+            attempts=attempt,
+            pid=handle.pid,
+            log_path=spec.log_path,
+            started_at=record.started_at or now,
+            reason=None,
+        )
         accum = f" x {record.grad_accum_steps} accumulation" if record.grad_accum_steps > 1 else ""
-        self._event("started", record.name,
-                    f"attempt {attempt} on GPU {record.gpu} at fraction {record.mem_fraction:.2f}, batch "
-                    f"{record.batch_size}{accum}; log {spec.log_path}")
+        self._event(
+            "started",
+            record.name,
+            f"attempt {attempt} on GPU {record.gpu} at fraction {record.mem_fraction:.2f}, batch "
+            f"{record.batch_size}{accum}; log {spec.log_path}",
+        )
 
     def _admit(self, records: Sequence[ExperimentRecord]) -> None:
         """Start every pending run whose turn has come and whose need fits its GPU now."""
@@ -254,9 +290,13 @@ class Scheduler:
         self.attempt_started.pop(name, None)
         self.stopping_since.pop(name, None)
         common: dict[str, Any] = {"pid": None, "exit_code": None if code == LOST else code}
+        changes: dict[str, Any]
         if name in self.timed_out:
             self.timed_out.discard(name)
-            outcome, changes = "timeout", dict(state=RunState.TIMEOUT, ended_at=now, reason=f"stopped at its {record.timeout:g} s timeout")
+            outcome, changes = (
+                "timeout",
+                dict(state=RunState.TIMEOUT, ended_at=now, reason=f"stopped at its {record.timeout:g} s timeout"),
+            )
             self._event("timeout", name, changes["reason"])
         elif code == 0:
             outcome, changes = "done", dict(state=RunState.DONE, ended_at=now, reason=None)
@@ -271,26 +311,46 @@ class Scheduler:
             outcome = "oom"
             steps = next_accumulation(record.batch_size, record.grad_accum_steps)
             if steps is None:
-                changes = dict(state=RunState.FAILED, ended_at=now,
-                               reason=f"out of memory at micro-batch {record.batch_size // record.grad_accum_steps}, "
-                                      "the smallest that divides its batch")
+                changes = dict(
+                    state=RunState.FAILED,
+                    ended_at=now,
+                    reason=f"out of memory at micro-batch {record.batch_size // record.grad_accum_steps}, "
+                    "the smallest that divides its batch",
+                )
                 self._event("failed", name, changes["reason"])
             else:
                 micro = record.batch_size // steps
-                changes = dict(state=RunState.PENDING, grad_accum_steps=steps,
-                               reason=f"out of memory; retrying as {steps} x {micro}")
-                self._event("oom", name, f"out of memory at batch {record.batch_size} x {record.grad_accum_steps} "
-                                         f"accumulation; retrying with {steps} steps of {micro} (same global batch "
-                                         f"{record.batch_size})")
+                changes = dict(
+                    state=RunState.PENDING,
+                    grad_accum_steps=steps,
+                    reason=f"out of memory; retrying as {steps} x {micro}",
+                )
+                self._event(
+                    "oom",
+                    name,
+                    f"out of memory at batch {record.batch_size} x {record.grad_accum_steps} "
+                    f"accumulation; retrying with {steps} steps of {micro} (same global batch "
+                    f"{record.batch_size})",
+                )
         else:
             outcome = "crashed"
             crashes = record.crashes + 1
             if crashes <= record.retries:
-                changes = dict(state=RunState.PENDING, crashes=crashes, reason=f"exit code {code}; retry {crashes} of {record.retries}")
-                self._event("crashed", name, f"exit code {code} (log {record.log_path}); retry {crashes} of {record.retries}")
+                changes = dict(
+                    state=RunState.PENDING,
+                    crashes=crashes,
+                    reason=f"exit code {code}; retry {crashes} of {record.retries}",
+                )
+                self._event(
+                    "crashed", name, f"exit code {code} (log {record.log_path}); retry {crashes} of {record.retries}"
+                )
             else:
-                changes = dict(state=RunState.FAILED, crashes=crashes, ended_at=now,
-                               reason=f"exit code {code} after {record.attempts} attempts")
+                changes = dict(
+                    state=RunState.FAILED,
+                    crashes=crashes,
+                    ended_at=now,
+                    reason=f"exit code {code} after {record.attempts} attempts",
+                )
                 self._event("failed", name, f"exit code {code}; no retries left (log {record.log_path})")
         self.store.end_attempt(name, record.attempts, ended_at=now, exit_code=common["exit_code"], outcome=outcome)
         self.store.update(name, **common, **changes)
@@ -338,9 +398,12 @@ class Scheduler:
             handle = self.launcher.adopt(record.pid, status) if (record.pid and self.launcher.resumable) else None
             if handle is None:
                 if latest is not None:
-                    self.store.end_attempt(record.name, latest.attempt, ended_at=time.time(), exit_code=None,
-                                           outcome="lost")
-                self.store.update(record.name, state=RunState.PENDING, pid=None, reason="its attempt was lost with the scheduler")
+                    self.store.end_attempt(
+                        record.name, latest.attempt, ended_at=time.time(), exit_code=None, outcome="lost"
+                    )
+                self.store.update(
+                    record.name, state=RunState.PENDING, pid=None, reason="its attempt was lost with the scheduler"
+                )
                 self._event("lost", record.name, "its attempt did not survive the scheduler; starting it again")
                 continue
             self.handles[record.name] = handle
@@ -348,11 +411,18 @@ class Scheduler:
             ended = read_status_file(status)
             if ended is not None:
                 when = time.strftime("%H:%M:%S", time.localtime(float(ended["ended_at"])))
-                self._event("adopted", record.name, f"attempt {record.attempts} ended at {when}, while no scheduler "
-                                                    f"was running (exit code {ended['exit_code']})")
+                self._event(
+                    "adopted",
+                    record.name,
+                    f"attempt {record.attempts} ended at {when}, while no scheduler "
+                    f"was running (exit code {ended['exit_code']})",
+                )
             else:
-                self._event("adopted", record.name,
-                            f"attempt {record.attempts} is still running (pid {record.pid}); watching it")
+                self._event(
+                    "adopted",
+                    record.name,
+                    f"attempt {record.attempts} is still running (pid {record.pid}); watching it",
+                )
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -412,13 +482,27 @@ def pin_status(record: ExperimentRecord) -> dict[str, Any]:
     pin = _pin_at(record.pin_path)
     report = read_report(report_path_of(record.log_path)) if record.log_path else None
     if report is None:
-        reason = ("nothing was fitted" if record.pin_path is None and pin is None else
-                  "its pin is gone" if pin is None else
-                  "not started" if record.log_path is None else "the train step was not called")
-        return {"program_pinned": False, "pinned_peak_bytes": pin.peak_bytes if pin else None,
-                "program_peak_bytes": None, "pin_reason": reason}
-    return {"program_pinned": bool(report.get("program_pinned")), "pinned_peak_bytes": report.get("pinned_peak_bytes"),
-            "program_peak_bytes": report.get("program_peak_bytes"), "pin_reason": report.get("reason")}
+        reason = (
+            "nothing was fitted"
+            if record.pin_path is None and pin is None
+            else "its pin is gone"
+            if pin is None
+            else "not started"
+            if record.log_path is None
+            else "the train step was not called"
+        )
+        return {
+            "program_pinned": False,
+            "pinned_peak_bytes": pin.peak_bytes if pin else None,
+            "program_peak_bytes": None,
+            "pin_reason": reason,
+        }
+    return {
+        "program_pinned": bool(report.get("program_pinned")),
+        "pinned_peak_bytes": report.get("pinned_peak_bytes"),
+        "program_peak_bytes": report.get("program_peak_bytes"),
+        "pin_reason": report.get("reason"),
+    }
 
 
 def result_rows(store: StateStore) -> list[dict[str, Any]]:
@@ -429,8 +513,9 @@ def result_rows(store: StateStore) -> list[dict[str, Any]]:
         data.update(pin_status(record))
         data["micro_batch_size"] = record.batch_size // max(1, record.grad_accum_steps)
         data["duration_seconds"] = (
-            None if record.started_at is None or record.ended_at is None else round(record.ended_at - record.started_at, 3)
+            None
+            if record.started_at is None or record.ended_at is None
+            else round(record.ended_at - record.started_at, 3)
         )
         rows.append(data)
     return rows
-

@@ -31,7 +31,8 @@ from typing import Any
 
 from jaxfit.errors import ConfigError
 
-class RunState(str, enum.Enum):
+
+class RunState(enum.StrEnum):
     """Where an experiment of a schedule stands (stored as its value)."""
 
     PENDING = "pending"
@@ -49,9 +50,6 @@ class RunState(str, enum.Enum):
     def is_final(self) -> bool:
         """Whether ``--resume`` leaves it alone (done, failed, timeout)."""
         return self in (RunState.DONE, RunState.FAILED, RunState.TIMEOUT)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 FINAL_STATES = tuple(s.value for s in RunState if s.is_final())
@@ -192,8 +190,10 @@ class StateStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False, isolation_level=None)
         except (OSError, sqlite3.Error) as e:
-            raise ConfigError(f"cannot open the schedule state {self.path}: {getattr(e, 'strerror', None) or e}; "
-                              "choose a writable folder with --state-dir") from None
+            raise ConfigError(
+                f"cannot open the schedule state {self.path}: {getattr(e, 'strerror', None) or e}; "
+                "choose a writable folder with --state-dir"
+            ) from None
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -206,8 +206,11 @@ class StateStore:
             readonly = isinstance(e, sqlite3.OperationalError) and "readonly" in str(e)
             raise ConfigError(
                 f"cannot use the schedule state {self.path}: "
-                + (f"its folder is not writable ({e}); choose another with --state-dir" if readonly else
-                   f"it is not a readable jaxfit state ({e}); move it aside to start afresh, or pass --state-dir")
+                + (
+                    f"its folder is not writable ({e}); choose another with --state-dir"
+                    if readonly
+                    else f"it is not a readable jaxfit state ({e}); move it aside to start afresh, or pass --state-dir"
+                )
             ) from None
 
     def close(self) -> None:
@@ -237,8 +240,9 @@ class StateStore:
         with self._lock:
             self._db.execute("BEGIN")
             try:
-                self._db.executemany(f"INSERT INTO experiments ({', '.join(_EXPERIMENT_COLUMNS)}) VALUES ({marks})",
-                                     rows)
+                self._db.executemany(
+                    f"INSERT INTO experiments ({', '.join(_EXPERIMENT_COLUMNS)}) VALUES ({marks})", rows
+                )
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -320,12 +324,15 @@ class StateStore:
     def event(self, kind: str, text: str, name: str | None = None, t: float | None = None) -> None:
         """Log a decision."""
         with self._lock:
-            self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if t is None else t, name, kind, text))
+            self._db.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?)", (time.time() if t is None else t, name, kind, text)
+            )
 
     def events(self) -> list[tuple[float, str | None, str, str]]:
         """Every event ``(t, experiment, kind, text)`` in time order."""
         with self._lock:
-            return [tuple(row) for row in self._db.execute("SELECT * FROM events ORDER BY t, rowid")]  # type: ignore[misc]
+            rows = self._db.execute("SELECT * FROM events ORDER BY t, rowid").fetchall()
+        return [(float(t), name, str(kind), str(text)) for t, name, kind, text in rows]
 
     def add_samples(self, samples: Sequence[Sample]) -> None:
         """Store monitor readings (one transaction)."""
@@ -333,8 +340,9 @@ class StateStore:
             return
         with self._lock:
             self._db.execute("BEGIN")
-            self._db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 [dataclasses.astuple(s) for s in samples])
+            self._db.executemany(
+                "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?)", [dataclasses.astuple(s) for s in samples]
+            )
             self._db.execute("COMMIT")
 
     def samples(self) -> list[Sample]:

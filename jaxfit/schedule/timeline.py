@@ -119,8 +119,11 @@ def draw_timeline(
             key=lambda a: (a.started_at, order[a.name], a.attempt),
         )
         intervals = [
-            (a.started_at - t0, (t_end if a.ended_at is None else max(a.ended_at, a.started_at)) - t0,
-             by_name[a.name].need_bytes / GIB)
+            (
+                a.started_at - t0,
+                (t_end if a.ended_at is None else max(a.ended_at, a.started_at)) - t0,
+                by_name[a.name].need_bytes / GIB,
+            )
             for a in lane_runs
         ]
         xs = sorted({0.0, t_end - t0} | {x for start, end, _ in intervals for x in (start, end)})
@@ -129,15 +132,21 @@ def draw_timeline(
         any_bad = False
         for k, a in enumerate(lane_runs):
             below = _steps(intervals[:k], xs)
-            mine = _steps(intervals[k:k + 1], xs)
+            mine = _steps(intervals[k : k + 1], xs)
             above = [b + m for b, m in zip(below, mine)]
             top = max(top, *above)
             color = colors(order[a.name] % n_colors)
             bad = _bad(a)
             any_bad = any_bad or bad
             ax.fill_between(
-                xs, below, above, step="post", facecolor=color, alpha=0.55 if bad else 0.8,
-                edgecolor="0.15" if bad else color, linewidth=1.2 if bad else 0.5,
+                xs,
+                below,
+                above,
+                step="post",
+                facecolor=color,
+                alpha=0.55 if bad else 0.8,
+                edgecolor="0.15" if bad else color,
+                linewidth=1.2 if bad else 0.5,
                 hatch="///" if bad else None,
             )
             handles.setdefault(a.name, Patch(facecolor=color, alpha=0.8, label=a.name))
@@ -145,23 +154,38 @@ def draw_timeline(
                 start, end, need = intervals[k]
                 level = max((b for x, b in zip(xs, below) if start <= x < end), default=0.0)
                 text = f"{a.name} #{a.attempt}" + (f" {a.outcome or 'lost'}" if bad else "")
-                ax.text((start + end) / 2, level + need / 2, text, ha="center", va="center",
-                        fontsize="x-small", clip_on=True,
-                        bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.7, "linewidth": 0})
+                ax.text(
+                    (start + end) / 2,
+                    level + need / 2,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize="x-small",
+                    clip_on=True,
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.7, "linewidth": 0},
+                )
 
         measured = sorted((s.t - t0, s.used_bytes / GIB) for s in samples if s.gpu == gpu and s.name is None)
         lines: list[Any] = []
         if measured:
-            (line,) = ax.plot([x for x, _ in measured], [y for _, y in measured], color="black",
-                              linewidth=1.4, label="measured used")
+            (line,) = ax.plot(
+                [x for x, _ in measured], [y for _, y in measured], color="black", linewidth=1.4, label="measured used"
+            )
             lines.append(line)
             top = max(top, max(y for _, y in measured))
         if total is not None:
             lines.append(ax.axhline(total / GIB, color="0.45", linewidth=1.2, label=f"total {total / GIB:.1f} GiB"))
             top = max(top, total / GIB)
         if capacity is not None:
-            lines.append(ax.axhline(capacity / GIB, color="tab:red", linestyle="--", linewidth=1.2,
-                                    label=f"capacity {capacity / GIB:.1f} GiB"))
+            lines.append(
+                ax.axhline(
+                    capacity / GIB,
+                    color="tab:red",
+                    linestyle="--",
+                    linewidth=1.2,
+                    label=f"capacity {capacity / GIB:.1f} GiB",
+                )
+            )
             top = max(top, capacity / GIB)
 
         legend = [handles[name] for name in sorted(handles, key=order.__getitem__)]
@@ -169,8 +193,7 @@ def draw_timeline(
             legend.append(Patch(facecolor="white", edgecolor="0.15", hatch="///", label="ended badly"))
         legend += lines
         if legend:
-            ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
-                      frameon=False)
+            ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
         if not lane_runs and not measured:
             ax.text(0.5, 0.5, "nothing ran", transform=ax.transAxes, ha="center", va="center", color="0.5")
         ax.set_ylim(0, top * 1.08 if top > 0 else 1.0)

@@ -197,8 +197,12 @@ class LocalLauncher:
         with open(spec.log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, RUNNER, spec.status_path, "--", *spec.command], stdout=log,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=spec.cwd,
+                    [sys.executable, RUNNER, spec.status_path, "--", *spec.command],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=spec.cwd,
                     start_new_session=True,
                 )
             except OSError as e:
@@ -212,4 +216,3 @@ class LocalLauncher:
 
     def close(self) -> None:
         return None
-

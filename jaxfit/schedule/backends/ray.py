@@ -100,7 +100,14 @@ from pathlib import Path
 from typing import Any
 
 from jaxfit.errors import ConfigError
-from jaxfit.schedule.backends.local import DEFAULT_GRACE_SECONDS, RUNNER, LaunchSpec, _is_runner, _signal_group, read_status
+from jaxfit.schedule.backends.local import (
+    DEFAULT_GRACE_SECONDS,
+    RUNNER,
+    LaunchSpec,
+    _is_runner,
+    _signal_group,
+    read_status,
+)
 
 GRACE_S = DEFAULT_GRACE_SECONDS
 """Seconds a terminated attempt gets between SIGTERM and SIGKILL of its process group."""
@@ -167,8 +174,16 @@ def _make_task_function() -> Callable[..., int]:
     """
 
     def jaxfit_attempt(
-        command: Sequence[str], env: Mapping[str, str], log_path: str, status_path: str, cwd: str,
-        runner: str, runner_source: str, guard: str, grace_s: float, keep_omp: bool,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        log_path: str,
+        status_path: str,
+        cwd: str,
+        runner: str,
+        runner_source: str,
+        guard: str,
+        grace_s: float,
+        keep_omp: bool,
     ) -> int:
         """Run one attempt under the guard and the runner in a Ray worker; its exit code."""
         import json
@@ -213,8 +228,13 @@ def _make_task_function() -> Callable[..., int]:
         previous = signal.signal(signal.SIGINT, on_cancel) if in_main else None
         try:
             full_env = dict(os.environ)
-            for name in ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_LD_PRELOAD_ON_WORKERS", "SPT_NOENV",
-                         "RAY_worker_niceness"):
+            for name in (
+                "RAY_JOB_ID",
+                "RAY_RAYLET_PID",
+                "RAY_LD_PRELOAD_ON_WORKERS",
+                "SPT_NOENV",
+                "RAY_worker_niceness",
+            ):
                 full_env.pop(name, None)
             if full_env.get("PYTHONBREAKPOINT", "").startswith("ray."):
                 del full_env["PYTHONBREAKPOINT"]
@@ -243,7 +263,11 @@ def _make_task_function() -> Callable[..., int]:
                 try:
                     proc = subprocess.Popen(
                         [sys.executable, "-I", "-S", "-c", guard, repr(float(grace_s)), status_path, *argv],
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=full_env, cwd=cwd,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=log,
+                        env=full_env,
+                        cwd=cwd,
                         start_new_session=True,
                     )
                 except OSError as e:
@@ -345,7 +369,11 @@ class RayHandle:
         except self._ray.exceptions.RayError:
             code = RAY_LOST  # the task failed: cancelled, or its worker or node died
         if code == RAY_LOST:
-            if read_status(self.status_path) is None and self.pid is not None and _is_runner(self.pid, self.status_path):
+            if (
+                read_status(self.status_path) is None
+                and self.pid is not None
+                and _is_runner(self.pid, self.status_path)
+            ):
                 return None  # its runner is still being stopped
             recorded = read_status(self.status_path)  # read again: it may have ended meanwhile
             if recorded is not None:
@@ -398,7 +426,11 @@ class RayLauncher:
     resumable = False
 
     def __init__(
-        self, address: str | None = None, *, num_gpus: float | None = None, num_cpus: int | None = None,
+        self,
+        address: str | None = None,
+        *,
+        num_gpus: float | None = None,
+        num_cpus: int | None = None,
         grace_s: float = GRACE_S,
     ) -> None:
         ray = _import_ray()
@@ -450,11 +482,23 @@ class RayLauncher:
             with contextlib.suppress(OSError):
                 os.unlink(stale)
         ref = self._task.options(
-            num_gpus=num_gpus, num_cpus=TASK_NUM_CPUS, max_retries=0, retry_exceptions=False,
-            name=f"jaxfit:{spec.name}#{spec.attempt}", runtime_env=_RUNTIME_ENV,
+            num_gpus=num_gpus,
+            num_cpus=TASK_NUM_CPUS,
+            max_retries=0,
+            retry_exceptions=False,
+            name=f"jaxfit:{spec.name}#{spec.attempt}",
+            runtime_env=_RUNTIME_ENV,
         ).remote(
-            list(spec.command), dict(spec.env), spec.log_path, spec.status_path, spec.cwd, RUNNER,
-            self._runner_source, self._guard_source, float(self.grace_s), "OMP_NUM_THREADS" in os.environ,
+            list(spec.command),
+            dict(spec.env),
+            spec.log_path,
+            spec.status_path,
+            spec.cwd,
+            RUNNER,
+            self._runner_source,
+            self._guard_source,
+            float(self.grace_s),
+            "OMP_NUM_THREADS" in os.environ,
         )
         return RayHandle(self._ray, ref, spec.status_path)
 

@@ -1,0 +1,56 @@
+"""Command lines of training scripts: finding, setting and checking flags (pure logic)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from jaxfit.errors import ConfigError
+from jaxfit.run.command import batch_value, check_command, with_batch
+
+
+@pytest.mark.parametrize(
+    "command,flag,value",
+    [
+        (["train.py", "--batch-size=32"], "--batch-size", 32),
+        (["train.py", "--batch-size", "32", "--x"], "--batch-size", 32),
+        (["train.py", "--bs=8"], "--batch-size", None),
+        (["train.py", "--batch-size-max=8"], "--batch-size", None),  # another flag that starts alike
+        (["train.py", "--config.batch_size=16"], "--config.batch_size", 16),
+        (["train.py", "--batch-size"], "--batch-size", None),  # no value follows
+    ],
+)
+def test_batch_value(command, flag, value):
+    assert batch_value(command, flag) == value
+
+
+@pytest.mark.parametrize("bad", ["abc", "0", "-4", "3.5"])
+def test_batch_value_rejects_a_value_that_is_not_a_positive_integer(bad):
+    with pytest.raises(ConfigError, match=f"--batch-size in the command is '{bad}', not a positive integer"):
+        batch_value(["train.py", f"--batch-size={bad}"], "--batch-size")
+
+
+@pytest.mark.parametrize(
+    "command,expected",
+    [
+        (["t.py", "--batch-size=4", "--x"], ["t.py", "--batch-size=64", "--x"]),
+        (["t.py", "--batch-size", "4", "--x"], ["t.py", "--batch-size=64", "--x"]),
+        (["t.py", "--x"], ["t.py", "--x", "--batch-size=64"]),
+        (["t.py", "--batch-size=4", "--batch-size=8"], ["t.py", "--batch-size=64", "--batch-size=64"]),
+    ],
+)
+def test_with_batch_replaces_or_appends(command, expected):
+    assert with_batch(command, "--batch-size", 64) == expected
+    assert command[0] == "t.py" and "--batch-size=64" not in command  # the input is not changed
+
+
+def test_check_command():
+    assert check_command([sys.executable, "x.py"]) == [sys.executable, "x.py"]
+    assert check_command(("python3", "x.py")) == ["python3", "x.py"]
+    with pytest.raises(ConfigError, match="no command given after --"):
+        check_command([])
+    with pytest.raises(ConfigError, match="'no-such-program-jaxfit' is not on PATH"):
+        check_command(["no-such-program-jaxfit"])
+    with pytest.raises(ConfigError, match="is not an executable file"):
+        check_command(["/no/such/dir/python"])
