@@ -52,7 +52,7 @@ benchmark ``scripts/bench_autotune_level.py`` measures whether they change peaks
 
 
 def is_out_of_memory(message: str) -> bool:
-    """Whether an exception text is XLA's out-of-memory error (FACTS.md #8)."""
+    """Whether an exception text is XLA's out-of-memory error (docs/facts.md #8)."""
     return any(marker in message for marker in OOM_MARKERS)
 
 
@@ -316,7 +316,7 @@ class Server:
                 fingerprint = program_fingerprint(lowered)
             options: Dict[str, Any] = {}
             if self.info["limit_sensitive"] and not autotune:
-                options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (FACTS.md #6)
+                options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (docs/facts.md #6)
             elif self.info["limit_sensitive"] and TUNED_LEVEL:
                 options["xla_gpu_autotune_level"] = int(TUNED_LEVEL)  # an experiment; see below
             key = self._cache_key(fingerprint, options)
@@ -419,7 +419,7 @@ class Server:
         """Device memory this process holds outside the XLA pool (CUDA context, libraries).
 
         Measured as the process's used memory according to nvidia-smi minus the pool's bytes,
-        after small matmuls have loaded the math libraries (FACTS.md #5).
+        after small matmuls have loaded the math libraries (docs/facts.md #5).
         """
         if not self.info["limit_sensitive"]:
             return {"op": "overhead", "bytes": 0, "method": "none: not a GPU"}

@@ -1,49 +1,7 @@
-"""The memory monitor of ``jaxfit schedule``: what the runs side by side really take, sampled to SQLite.
+"""The memory monitor of ``jaxfit schedule``: what the runs side by side really take (NVML per GPU
+and per process, or each run's host memory on logical GPUs), sampled to SQLite.
 
-A :class:`Monitor` is a daemon thread that, every ``interval`` seconds, takes one *reading* and
-stores it as :class:`~jaxfit.schedule.state.Sample` rows with :meth:`StateStore.add_samples
-<jaxfit.schedule.state.StateStore.add_samples>`. All rows of one reading carry the same ``time.time()``
-timestamp, so a reading can be grouped back together by ``t``. Each reading holds
-
-- one row per GPU with ``name`` None: the memory used on that GPU (and its total and utilisation
-  where known), what :func:`gpu_peaks` and the timeline's "measured" line read;
-- one row per process (NVML) or per run (host fallback) with ``name`` set to the experiment it
-  belongs to, what :func:`experiment_peaks` reads.
-
-Two sources
------------
-**NVML** (the ``pynvml`` module of the ``nvidia-ml-py`` package) for GPUs the plan maps to a
-physical device: ``nvmlDeviceGetMemoryInfo`` gives used and total bytes,
-``nvmlDeviceGetUtilizationRates().gpu`` the utilisation (%), and
-``nvmlDeviceGetComputeRunningProcesses`` the processes with their used bytes. A process belongs to
-the experiment whose runner leads its process group (``os.getpgid(pid)`` is the runner's pid: the
-runner of :mod:`jaxfit.schedule.backends.local` leads its own session and starts the training command in it).
-Processes of no live run (another user's job, a notebook, a run that escaped its process group)
-are kept with ``name`` :data:`OTHER`, so memory the plan did not charge stays visible.
-
-NVML numbers devices in its own (PCI bus) order and ignores ``CUDA_VISIBLE_DEVICES``: the caller
-passes, for each plan GPU, the *physical* NVML index, the index ``nvidia-smi`` shows (what
-:func:`jaxfit.fit.devices.detect_gpus` reads), not the position among the visible GPUs.
-
-**Host fallback** for logical GPUs (``--gpus N --device-memory SIZE``: the runs compute on the
-CPU) and wherever NVML is not used: per live run, the resident set size (RSS) of every process in
-the run's process group, summed, as one row (``pid`` = the runner); and per GPU the sum of its
-runs' rows (``total_bytes`` None: a logical GPU has no device to ask). It scans ``/proc/<pid>/stat``
-(process group and RSS come from one read, so a process is never counted with another's numbers),
-which makes it Linux only: elsewhere the host source is off and says so in :attr:`Monitor.reason`.
-RSS counts pages shared between processes of a group (forked data loaders) once per process, so
-the sum can overstate the run; it never includes memory swapped out.
-
-``source="auto"`` (the default) uses NVML for every GPU with a physical index when NVML
-initialises and has a handle for that index, else the host fallback; ``"host"`` never touches
-NVML; ``"nvml"`` uses NVML only (GPUs it cannot read get no rows). NVML failing to load or
-initialise (no driver, as on a CPU machine) never raises: :attr:`Monitor.available` is False and
-:attr:`Monitor.reason` says why.
-
-Failure handling: a process that ends while it is read is skipped; an error while reading one
-GPU skips that GPU for that reading; any other error of a reading (``owners`` raising, the state
-file being closed) is kept in :attr:`Monitor.last_error` and counted in :attr:`Monitor.errors`, and
-the thread goes on with the next reading. The monitor never stops a schedule.
+The design, at length: docs/design.md, "The memory monitor".
 """
 
 from __future__ import annotations

@@ -1,44 +1,7 @@
-"""Packing training runs onto GPUs by their measured memory needs (pure logic, no devices).
+"""Packing training runs onto GPUs by their measured memory needs (pure logic, no devices):
+best-fit decreasing, in order of start, with runs that wait for others to end.
 
-The memory a run takes on a GPU
--------------------------------
-A JAX process started with ``XLA_PYTHON_CLIENT_MEM_FRACTION=f`` on a GPU of ``total`` bytes gets
-an allocator pool of ``f x total`` (FACTS.md #4), and holds about 618 MiB more outside the pool
-(CUDA context and libraries, FACTS.md #5). The pool may be fully preallocated, so a run is
-charged its whole pool, not its peak::
-
-    fraction = ceil_to_0.01((peak + headroom) / total)      (jaxfit.fit.budget.fraction_for_bytes)
-    need     = ceil(fraction x total) + process_overhead
-
-or, for a run with a fixed fraction, that fraction. The fraction (and so the need) depends on the
-GPU's total, so it is worked out per GPU. A GPU holds runs together while their needs sum to at
-most ``total - reserve`` (its *capacity*). Three processes at fraction 0.33 do not fit an H200
-(143,160 MiB: 3 x (47,243 + 618) MiB > 143,160 MiB); three at 0.32 do.
-
-The policy: best-fit decreasing, in order of start, with waiting runs
-----------------------------------------------------------------------
-1. Order. Runs are taken by priority (higher first), then by need (larger first: "decreasing";
-   the need on the largest GPU), then in the order given.
-2. Place. Each GPU keeps the runs the plan has live on it, in the order they start. A run goes to
-   a GPU where it fits next to those live runs. If it fits on none, it *waits*: on each GPU, it
-   would start once the fewest of the live runs have finished, taken oldest first (durations are
-   unknown, so runs are assumed to finish in the order they started); the run takes the GPU
-   where it waits for the fewest runs in all. Among equal waits it takes the GPU it fills
-   tightest ("best fit": the least capacity left), then the lowest index.
-3. Record. A run's ``after`` lists every run on its GPU that the plan has had finish up to its
-   placement (those sets only grow along a GPU), its ``wave`` is 0 when it starts at once and
-   otherwise one more than the latest wave in ``after``, and ``start`` is its position in the
-   order of placement (0 first).
-
-Why this is safe whatever the real durations: if a run starts only when every run in its
-``after`` has finished, then at any moment the live runs of a GPU are a subset of one live set
-the plan checked (the one at the latest-placed run whose ``after`` has all finished), whose
-needs sum to at most the capacity. Runs never start before an earlier-placed run of the same GPU
-(their ``after`` sets contain its own), so priorities hold per GPU; a lower-priority run may start
-at once on another GPU where a higher-priority one did not fit ("backfill").
-
-A run whose need exceeds every GPU's capacity is rejected up front with a one-line
-:class:`jaxfit.errors.ConfigError` that says what it needs and what the largest GPU offers.
+The design, at length: docs/design.md, "Packing runs onto GPUs".
 """
 
 from __future__ import annotations

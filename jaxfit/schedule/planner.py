@@ -1,39 +1,7 @@
-"""schedule: decide the batch and fraction of every run of a queue, and pack the runs onto GPUs.
+"""Planning a queue: each experiment's batch, accumulation and fraction (fitting what is ``auto``),
+then packed onto GPUs (:mod:`jaxfit.schedule.packing`); it starts no training (``--dry-run``).
 
-This module plans only (``jaxfit schedule QUEUE.yaml --dry-run``); it starts no training.
-
-What each experiment gets, on a GPU of ``total`` bytes
--------------------------------------------------------
-- ``batch: B`` and ``fraction: F``: nothing is fitted; the run needs its pool ``F x total``.
-- ``batch: B``, ``fraction: auto``: :func:`jaxfit.fit_fraction` finds the smallest fraction
-  (to 0.01) under which ``B`` compiles to a peak that fits; the run needs that fraction (and the
-  packer checks the pool holds the peak).
-- ``batch: auto``, ``fraction: F``: :func:`jaxfit.fit_batch` finds the largest batch under ``F``.
-- both ``auto``: an *equal share*. With ``n = ceil(experiments / GPUs)`` runs per GPU, each gets
-  ``f = floor_to_0.01((capacity - n x overhead) / n / total)``, where ``capacity = total - reserve``,
-  and the largest batch under ``f`` is fitted. So if every run of the queue were ``auto`` they
-  would all start at once, ``n`` to a GPU; runs with fixed settings take what they ask for, and
-  the packer makes later runs wait where the sum does not fit.
-
-``global_batch`` (samples per optimizer step, as ``--batch-size`` of scripts/train.py, which splits
-it into ``--grad-accum-steps`` micro-batches): the run gets ``--batch-size=global_batch`` and the
-fewest accumulation steps ``a`` (dividing it) whose micro-batch is at most the given or fitted
-batch, and the accumulated step is compiled under the run's fraction to prove it fits (the
-gradient accumulator costs memory too; the next ``a`` is tried when it does not).
-
-Every fit runs the experiment's own command as a probe (:func:`jaxfit.fit.sources.script_source`: its
-jitted ``train_step`` is intercepted and compiled, never run), in the current directory, with the
-experiment's ``env`` added. With GPUs of different sizes the batches and fractions are decided on
-the smallest one: a batch that fits a fraction of the smallest GPU fits the same fraction of a
-larger one.
-
-Which GPUs
-----------
-``--gpus N --device-memory SIZE`` plans on ``N`` logical GPUs of that size. ``--device-memory``
-alone (or the queue's ``device_memory``) sets the size of the GPUs the queue's ``gpus:``
-selection picks (of the visible GPUs, or logical ones when none is visible). Otherwise the visible
-GPUs are read from ``nvidia-smi`` (respecting ``CUDA_VISIBLE_DEVICES``); their indices in the
-plan are positions among the visible GPUs, as in the queue's ``gpus:``.
+The design, at length: docs/design.md, "Planning a queue: what each run gets".
 """
 
 from __future__ import annotations

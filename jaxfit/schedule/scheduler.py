@@ -1,36 +1,8 @@
-"""Running a planned schedule: start runs as memory frees, survive their faults and our own death.
+"""Running a planned schedule: start runs as memory frees, survive their faults and our own death
+(:class:`Scheduler`); out-of-memory runs retried with more accumulation, crashes with their
+``retries``, hangs stopped at their ``timeout``.
 
-The loop (``Scheduler.run``) polls every ``poll_interval`` seconds:
-
-1. **Ends.** A run that exited 0 is ``done``. One whose log shows it ran out of memory
-   (``RESOURCE_EXHAUSTED`` / ``Out of memory``) is started again with more gradient accumulation
-   steps, so the same ``--batch-size`` (the global batch) is split into smaller micro-batches
-   (:func:`jaxfit.run.accumulation.next_accumulation`); these retries do not count against ``retries``, and
-   when no larger accumulation divides the batch the run ``failed``. Any other non-zero exit is a
-   crash: it is retried while it has ``retries`` left, then ``failed``.
-2. **Timeouts.** A run past its ``timeout`` gets SIGTERM, and SIGKILL ``grace_seconds`` later; it
-   ends ``timeout`` (not retried: it would hit the limit again).
-3. **Starts.** A waiting run starts as soon as the needs of the runs live on its GPU plus its own
-   fit the GPU's capacity (``total - reserve``), taken in plan order, except that a run never
-   overtakes a still-waiting run that the plan starts in an earlier wave on the same GPU (so
-   priorities hold, while runs the plan starts at once next to a big waiting one still do). This is
-   the plan's ``after`` rule measured on the clock: runs start no later than the plan says, often
-   earlier, and no GPU ever holds more than its capacity. Retried runs keep their GPU and fraction
-   (a smaller micro-batch needs less, not more).
-
-Every decision is an event in the SQLite state (:mod:`jaxfit.schedule.state`), committed at once. Each
-attempt runs under a runner that outlives the scheduler (:mod:`jaxfit.schedule.backends.local`), so after a
-SIGKILL ``--resume`` adopts attempts that are still running, reads how the others ended, and
-starts only what never finished; finished runs are never run again and every log stays on disk.
-Ctrl-C or SIGTERM stop the runs gracefully (SIGTERM, then SIGKILL after the grace), mark them
-``interrupted`` and exit; ``--resume`` starts them again.
-
-What each attempt gets: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (its plan fraction),
-``XLA_PYTHON_CLIENT_PREALLOCATE=true`` (the plan charges the whole pool; taking it at start makes
-a crowded GPU fail in seconds, not an hour in), ``CUDA_VISIBLE_DEVICES`` (its GPU; on logical GPUs
-``JAX_PLATFORMS=cpu`` instead), ``WANDB_RUN_GROUP`` (one group per schedule) and
-``JAXFIT_WANDB_CONFIG`` (its scheduled settings, added to its WandB config by jaxfit's start-up
-hook), plus the queue's ``env``.
+The design, at length: docs/design.md, "The scheduler loop".
 """
 
 from __future__ import annotations
