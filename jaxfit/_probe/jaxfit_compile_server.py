@@ -320,27 +320,20 @@ class Server:
             elif self.info["limit_sensitive"] and TUNED_LEVEL:
                 options["xla_gpu_autotune_level"] = int(TUNED_LEVEL)  # an experiment; see below
             key = self._cache_key(fingerprint, options)
-            hit = self.cache.get(key) if self.cache is not None else None
-            if hit is not None:
-                return {
-                    "batch": batch,
-                    "ok": True,
-                    "memory": hit,
-                    "cached": True,
-                    "compile_s": time.perf_counter() - start,
-                    "fingerprint": fingerprint,
-                }
-            compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
-            memory = memory_of(compiled)
-            if not options:  # the program as training compiles it: keep it for ``pin``
-                self._keep(batch, fingerprint, compiled, memory)
-            if self.cache is not None:
-                self.cache.put(key, memory)
+            memory = self.cache.get(key) if self.cache is not None else None
+            cached = memory is not None
+            if memory is None:
+                compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+                memory = memory_of(compiled)
+                if not options:  # the program as training compiles it: keep it for ``pin``
+                    self._keep(batch, fingerprint, compiled, memory)
+                if self.cache is not None:
+                    self.cache.put(key, memory)
             return {
                 "batch": batch,
                 "ok": True,
                 "memory": memory,
-                "cached": False,
+                "cached": cached,
                 "compile_s": time.perf_counter() - start,
                 "fingerprint": fingerprint,
             }

@@ -13,21 +13,6 @@ from jaxfit.fit.options import FitOptions
 from jaxfit.fit.sources import Source
 
 
-def overrides_of(pairs: tuple[str, ...]) -> dict[str, str]:
-    """``--set KEY=VALUE`` pairs as a dict.
-
-    Raises:
-      JaxfitError: a pair without ``=``.
-    """
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise JaxfitError(f"--set {pair!r} must look like KEY=VALUE, e.g. --set n_layers=6")
-        out[key.strip()] = value.strip()
-    return out
-
-
 @app.command(name="fit")
 def fit_command(
     options: Annotated[FitOptions, Flat] = FitOptions(),
@@ -84,9 +69,9 @@ def fit_command(
     elif entry:
         source = entry_source(entry)
     else:
-        from jaxfit.examples import DEFAULT_EXAMPLE
+        from jaxfit.examples import DEFAULT_EXAMPLE, parse_overrides
 
-        source = example_source(example or DEFAULT_EXAMPLE, overrides_of(overrides))
+        source = example_source(example or DEFAULT_EXAMPLE, parse_overrides(overrides))
     options.validate()
     if batch_size is None:
         options.grid()

@@ -306,7 +306,7 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"bad override {item!r}; write it as key=value, e.g. --set d_model=512")
+            raise ConfigError(f"--set {item!r} must look like KEY=VALUE, e.g. --set n_layers=6")
         result[key.strip()] = value.strip()
     return result
 
