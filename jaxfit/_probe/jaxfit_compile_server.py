@@ -147,6 +147,93 @@ def function_name(fun: Any) -> str:
     return getattr(fun, "__name__", None) or type(fun).__name__
 
 
+def tree_bytes(tree: Any) -> int:
+    """Bytes of the array leaves of ``tree`` (abstract or concrete)."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            size = 1
+            for d in x.shape:
+                size *= int(d)
+            itemsize = getattr(x.dtype, "itemsize", None)  # extended dtypes (PRNG keys) have their own
+            total += size * (itemsize if isinstance(itemsize, int) else np.dtype(x.dtype).itemsize)
+    return total
+
+
+def _children(node: Any) -> "Optional[list[tuple[str, Any]]]":
+    """The named top-level children of a container (dict keys, dataclass or namedtuple fields,
+    tuple and list indices), or None for a leaf or another pytree node."""
+    import dataclasses
+
+    if isinstance(node, dict):
+        return [(str(k), v) for k, v in node.items()]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node) if hasattr(node, f.name)]
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return [(str(f), getattr(node, f)) for f in node._fields]
+    if isinstance(node, (tuple, list)):
+        return [(str(i), v) for i, v in enumerate(node)]
+    return None
+
+
+def describe_arguments(
+    args: "tuple[Any, ...]",
+    names: "list[str]",
+    batch_index: Optional[int],
+    field_names: "Optional[Dict[str, list[str]]]" = None,
+) -> "list[list[Any]]":
+    """``[[component, bytes], ...]``: the step's arguments by name, the batch as ``batch``, and the
+    state's top-level fields (``state.params``, ``state.opt_state``...) so a breakdown can tell
+    parameters from optimizer state. ``field_names`` names the fields of tuple arguments."""
+    out: "list[list[Any]]" = []
+    for i, arg in enumerate(args):
+        name = names[i] if i < len(names) else "arg%d" % i
+        if i == batch_index:
+            out.append(["batch", tree_bytes(arg)])
+            continue
+        children = _children(arg)
+        if children is None or tree_bytes(arg) == 0:
+            out.append([name, tree_bytes(arg)])
+            continue
+        labels = (field_names or {}).get(name)
+        for k, (field, value) in enumerate(children):
+            size = tree_bytes(value)
+            if size:
+                label = labels[k] if labels and k < len(labels) else field
+                out.append(["%s.%s" % (name, label), size])
+    return out
+
+
+def argument_names(fun: Any, count: int) -> "list[str]":
+    """The names of the first ``count`` positional parameters ``fun`` takes when called (those a
+    ``functools.partial`` binds are skipped)."""
+    import functools
+    import inspect
+
+    bound = 0
+    for _ in range(16):
+        if isinstance(fun, functools.partial):
+            bound += len(fun.args)
+            fun = fun.func
+        elif hasattr(fun, "__wrapped__"):
+            fun = fun.__wrapped__
+        else:
+            break
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(fun).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    names = params[bound : bound + count]
+    return names + ["arg%d" % i for i in range(len(names), count)]
+
+
 def program_fingerprint(lowered: Any) -> str:
     """The identity of a lowered program: the SHA-256 of its StableHLO text.
 
@@ -271,12 +358,20 @@ class Server:
       replies: Where replies are written.
       workload: ``{"name": ..., "description": {...}}`` reported in the ready message.
       cache_path: The SQLite compile cache, or ``None``.
+      components: ``batch_size -> [[component, bytes], ...]``: the step's arguments by name
+        (:func:`describe_arguments`), sent with every compile for the memory breakdown.
     """
 
     def __init__(
-        self, lower: Callable[[int], Any], replies: TextIO, workload: Dict[str, Any], cache_path: Optional[str] = None
+        self,
+        lower: Callable[[int], Any],
+        replies: TextIO,
+        workload: Dict[str, Any],
+        cache_path: Optional[str] = None,
+        components: "Optional[Callable[[int], list]]" = None,
     ) -> None:
         self.lower = lower
+        self.components = components
         self.replies = replies
         self.workload = workload
         self.info = device_info()
@@ -329,7 +424,7 @@ class Server:
                     self._keep(batch, fingerprint, compiled, memory)
                 if self.cache is not None:
                     self.cache.put(key, memory)
-            return {
+            reply = {
                 "batch": batch,
                 "ok": True,
                 "memory": memory,
@@ -337,6 +432,12 @@ class Server:
                 "compile_s": time.perf_counter() - start,
                 "fingerprint": fingerprint,
             }
+            if self.components is not None:
+                try:
+                    reply["components"] = self.components(batch)
+                except Exception:  # a nicety: the breakdown is left out, the compile stands
+                    pass
+            return reply
         except Exception as e:  # an answer, not a crash: the parent decides what it means
             message = "%s: %s" % (type(e).__name__, e)
             if os.environ.get("JAXFIT_DEBUG"):

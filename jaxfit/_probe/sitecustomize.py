@@ -230,11 +230,19 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
             "step_found": found,
             "called": dict(_calls),
         }
+        names = server_mod.argument_names(fun, len(args))
+
+        def components(batch: int) -> list:
+            call_args = list(args)
+            call_args[index] = _resized(args[index], batch)
+            return server_mod.describe_arguments(tuple(call_args), names, index)
+
         server = server_mod.Server(
             lower,
             replies,
             {"name": _function_name(fun), "description": description},
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
+            components=components,
         )
     except Exception as e:
         server_mod.send_error(replies, "user", "WorkloadError", "the script's step %r: %s" % (_function_name(fun), e))

@@ -24,6 +24,7 @@ def fit_command(
     batch_size: int | None = None,
     json: str | None = None,
     quiet: bool = False,
+    breakdown: bool = False,
     wandb: bool = False,
     wandb_mode: WandbMode | None = None,
     wandb_project: str = "jaxfit",
@@ -45,6 +46,7 @@ def fit_command(
         batch_size: Inverse question: the smallest fraction (to 0.01) that this batch needs.
         json: Also write the result as JSON to this file.
         quiet: Print only the answer line.
+        breakdown: Also print the answer's peak by component: parameters, optimizer state, other state, batch, gradients, activations and workspace (the JSON always has it).
         wandb: Log the fit as its own Weights & Biases run (settings in its config, candidates as a table).
         wandb_mode: online, offline or disabled; default $WANDB_MODE, else online with credentials and offline without.
         wandb_project: The W&B project of --wandb.
@@ -88,6 +90,13 @@ def fit_command(
         out.print(result.message, highlight=False)
     else:
         print_result(result, out, command, batch_flag)
+    if breakdown:
+        from jaxfit.cli.output import breakdown_table
+
+        if result.breakdown:
+            out.print(breakdown_table(result))
+        else:
+            out.print("no breakdown: the step's arguments were not reported (fit again with --no-cache)")
     if wandb:
         from jaxfit.run.tracking import log_fit
 

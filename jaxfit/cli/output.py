@@ -46,6 +46,26 @@ def result_table(result: FitResult) -> Table:
     return table
 
 
+def breakdown_table(result: FitResult) -> Table:
+    """The peak of the answer by component (``--breakdown``): exact bytes, and the estimates marked."""
+    table = Table(title=f"peak at batch {result.batch_size}, by component", title_justify="left")
+    for column, justify in (
+        ("component", "left"),
+        ("category", "left"),
+        ("bytes", "right"),
+        ("share", "right"),
+        ("", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for c in result.breakdown:
+        share = c["bytes"] / result.peak_bytes if result.peak_bytes else 0.0
+        table.add_row(
+            c["name"], c["category"], format_bytes(c["bytes"]), f"{share:.1%}", "" if c["exact"] else "estimate"
+        )
+    table.add_row("peak", "", format_bytes(result.peak_bytes), "100.0%", "", style="bold")
+    return table
+
+
 def run_line(result: FitResult, command: list[str] | None = None, batch_flag: str = "--batch-size") -> str:
     """``run with: ENV... COMMAND --batch-size=N``: the environment that runs the proven program in a
     user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch."""

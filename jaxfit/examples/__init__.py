@@ -338,6 +338,7 @@ def workload_from_config(
         "family": cfg.family,
         "config": dataclasses.asdict(cfg),
         "param_count": param_count(state[0]),
+        "field_names": {"state": ["params", "opt_state"]},
     }
     if overrides:
         description["overrides"] = {str(k): str(v) for k, v in overrides.items()}

@@ -15,6 +15,7 @@ import time
 from jaxfit.errors import ConfigError, DoesNotFitError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.answers import cached_answer, store_answer
+from jaxfit.fit.breakdown import breakdown
 from jaxfit.fit.common import (
     TUNED_WIDTH,
     Progress,
@@ -282,6 +283,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         message=message,
         pin=pin.to_dict() if pin else None,
         pin_note=pin_note,
+        breakdown=[c.to_dict() for c in breakdown(final, rounds.latest[answer].components)],
     )
     store_answer(options, key, result)
     notify(progress, "done", result=result)

@@ -54,6 +54,8 @@ class CompileOutcome:
       oom: The compile itself ran out of memory (the step does not fit).
       error: The failure message when the compile failed for another reason.
       autotuned: Whether GPU autotuning was on for this compile.
+      components: The step's arguments by name and their bytes (``[[name, bytes], ...]``), for the
+        memory breakdown (:mod:`jaxfit.fit.breakdown`).
     """
 
     batch_size: int
@@ -63,6 +65,7 @@ class CompileOutcome:
     oom: bool = False
     error: str | None = None
     autotuned: bool = True
+    components: tuple[tuple[str, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,6 +406,7 @@ class CompileChild:
                 oom=bool(reply.get("oom")),
                 error=None if reply.get("ok") else reply.get("error"),
                 autotuned=autotune and bool(self.info is not None and self.info.limit_sensitive),
+                components=tuple((str(n), int(b)) for n, b in reply.get("components") or ()),
             )
             results[outcome.batch_size] = outcome
             if on_result:

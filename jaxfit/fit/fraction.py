@@ -16,6 +16,7 @@ from pathlib import Path
 from jaxfit.errors import ConfigError, DoesNotFitError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.answers import cached_answer, store_answer
+from jaxfit.fit.breakdown import breakdown
 from jaxfit.fit.common import (
     Progress,
     cleaning_probe_leftovers,
@@ -123,6 +124,7 @@ def fit_fraction(
     compiles = 0 if full.cached else 1
     rounds = 1
 
+    answered = full  # the compile whose program is the answer
     if not info.limit_sensitive:
         # The CPU compiler ignores the limit: the peak is the same at every fraction.
         units = estimate
@@ -184,6 +186,7 @@ def fit_fraction(
         else:
             assert chosen[0].memory is not None
             peak, limit = chosen[0].memory.peak_bytes, chosen[1]
+            answered = chosen[0]
         for u in sorted(outcomes):
             o, lim = outcomes[u]
             candidates.append(Candidate.of(o, budget_at(lim), mem_fraction=u / FRACTION_STEPS, limit_bytes=lim))
@@ -224,6 +227,7 @@ def fit_fraction(
         message=message,
         pin=pin.to_dict() if pin else None,
         pin_note=pin_note,
+        breakdown=[c.to_dict() for c in breakdown(answered.memory, answered.components)] if answered.memory else [],
     )
     store_answer(options, key, result)
     notify(progress, "done", result=result)

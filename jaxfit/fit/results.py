@@ -87,6 +87,9 @@ class FitResult:
         ``path`` (``pin.json``), ``step_name``, ``batch_size``, ``peak_bytes``... ``None`` when it
         could not be stored (``pin_note`` says why).
       pin_note: Why the program is not pinned, or a remark on the pin; ``None`` when all is well.
+      breakdown: The peak by component (:mod:`jaxfit.fit.breakdown`): parameters, optimizer
+        state, other state, batch, gradients, activations and workspace, adding up to
+        ``peak_bytes``; empty when the arguments are not known.
     """
 
     mode: FitMode
@@ -111,6 +114,7 @@ class FitResult:
     jaxfit_version: str = dataclasses.field(default_factory=jaxfit_version)
     pin: dict[str, Any] | None = None
     pin_note: str | None = None
+    breakdown: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def pinned(self) -> bool:

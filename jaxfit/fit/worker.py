@@ -25,11 +25,20 @@ def main() -> int:
 
         workload = build_workload(from_json(os.environ[SOURCE_ENV]))
         description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))
+
+        def components(batch: int) -> list:
+            args = workload.abstract_args(batch)
+            names = server_mod.argument_names(workload.step_fn, len(args))
+            return server_mod.describe_arguments(
+                args, names, workload.batch_argnum % len(args), description.get("field_names")
+            )
+
         server = server_mod.Server(
             workload.lower,
             replies,
             {"name": workload.name, "description": description},
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
+            components=components,
         )
     except Exception as e:
         from jaxfit.errors import JaxfitError

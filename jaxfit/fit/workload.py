@@ -29,7 +29,9 @@ class Workload:
       out_shardings: Passed to ``jax.jit`` when not ``None``.
       static_argnums: Passed to ``jax.jit``.
       description: Free-form facts about the workload (its config, parameter count...), reported
-        with the result. Must be JSON-serialisable.
+        with the result. Must be JSON-serialisable. ``field_names`` (``{argument: [names]}``) names
+        the fields of a tuple argument in the memory breakdown (``{"state": ["params", "opt_state"]}``).
+      batch_argnum: Which positional argument is the batch (default the last).
     """
 
     name: str
@@ -40,6 +42,7 @@ class Workload:
     out_shardings: Any = None
     static_argnums: tuple[int, ...] = ()
     description: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    batch_argnum: int = -1
 
     def jitted(self) -> Any:
         """The step wrapped in ``jax.jit`` with this workload's donation and shardings."""
