@@ -35,7 +35,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import flax.struct
 import jax
@@ -90,6 +90,11 @@ class TrainConfig:
       project_name: The WandB project.
       fsdp_devices: Devices to shard parameters over; only 1 (data parallel, parameters
         replicated) is supported by this script.
+      remat: Rematerialisation, overriding the model's: ``none``, ``full`` (save nothing),
+        ``dots`` (save matrix products) or ``dots_no_batch`` (save those without a batch
+        dimension); unset: the model config's.
+      precision: The parameters', optimizer state's and compute's dtype, overriding the model's:
+        ``float32`` or ``bfloat16``; unset: the model config's.
       seed: Seed of the parameter initialisation and of the synthetic data.
       checkpoint_base_dir: Checkpoints go to ``{checkpoint_base_dir}/{name}/{exp_name}``.
     """
@@ -109,6 +114,8 @@ class TrainConfig:
     wandb_enabled: bool = True
     project_name: str = "jaxfit"
     fsdp_devices: int = 1
+    remat: Literal["none", "full", "dots", "dots_no_batch"] | None = None
+    precision: Literal["float32", "bfloat16"] | None = None
     seed: int = 42
     checkpoint_base_dir: str = "./checkpoints"
 
@@ -232,7 +239,14 @@ def model_config(config: TrainConfig) -> examples.ModelConfig:
     Raises:
       jaxfit.errors.ConfigError: An unknown example, a bad override or an impossible shape.
     """
-    return examples.load_config(config.model, config.model_overrides)
+    overrides = dict(config.model_overrides)
+    if config.remat is not None:
+        overrides["remat"] = "false" if config.remat == "none" else "true"
+        if config.remat != "none":
+            overrides["remat_policy"] = "nothing" if config.remat == "full" else config.remat
+    if config.precision is not None:
+        overrides["dtype"] = config.precision
+    return examples.load_config(config.model, overrides)
 
 
 # --------------------------------------------------------------------------------------------

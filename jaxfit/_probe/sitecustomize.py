@@ -43,6 +43,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 STEP_NAME = os.environ.get("JAXFIT_PROBE_STEP_NAME")
 STEP_AUTO = os.environ.get("JAXFIT_PROBE_STEP_AUTO") == "1"
 PIN = os.environ.get("JAXFIT_PIN")
+MEASURE = os.environ.get("JAXFIT_MEASURE")
 WANDB_CONFIG = os.environ.get("JAXFIT_WANDB_CONFIG")
 OWNER_ENV = "JAXFIT_HOOK_OWNER"
 LIBRARY_MODULES = ("jax", "jaxlib", "flax", "optax", "orbax", "chex", "equinox", "numpy", "scipy", "ml_dtypes")
@@ -364,21 +365,20 @@ def _library_function(fun: Any) -> bool:
 
 def _patch_jax(jax_module: Any) -> None:
     """Wrap ``jax.jit``: in the probe every jitted function of the script is watched (:class:`_Watched`);
-    with a pin, the step is replaced by :class:`jaxfit_pin.PinnedStep`."""
+    with a pin, the step is replaced by :class:`jaxfit_pin.PinnedStep`; when ``jaxfit tune``
+    measures, it is timed by :class:`jaxfit_measure.MeasuredStep`."""
     original = jax_module.jit
     if not _claim():
         return  # a worker of the probed or trained process: leave jax alone
-    pin_step = None
-    if PIN:
-        _importable()
+    _importable()
+    run_step = os.environ.get("JAXFIT_PIN_STEP_NAME") or os.environ.get("JAXFIT_MEASURE_STEP_NAME")
+    if PIN and not run_step:
         import jaxfit_pin
 
-        pin_step = os.environ.get("JAXFIT_PIN_STEP_NAME")
-        if not pin_step:
-            try:
-                pin_step = jaxfit_pin.load_pin(PIN).get("step_name")
-            except (OSError, ValueError):
-                pin_step = None
+        try:
+            run_step = jaxfit_pin.load_pin(PIN).get("step_name")
+        except (OSError, ValueError):
+            run_step = None
 
     @functools.wraps(original)
     def jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -391,11 +391,19 @@ def _patch_jax(jax_module: Any) -> None:
         if STEP_NAME:
             _report_jit(name)
             return _Watched(jitted, fun, kwargs)
-        if pin_step and name == pin_step:
+        if not run_step or name != run_step:
+            return jitted
+        step = jitted
+        if PIN:
             import jaxfit_pin
 
-            return jaxfit_pin.PinnedStep(jitted, PIN, os.environ.get(jaxfit_pin.REPORT_ENV))
-        return jitted
+            step = jaxfit_pin.PinnedStep(jitted, PIN, os.environ.get(jaxfit_pin.REPORT_ENV))
+        if MEASURE:
+            import jaxfit_measure
+
+            warmup, steps = jaxfit_measure.plan() or (1, 1)
+            step = jaxfit_measure.MeasuredStep(step, warmup, steps, os.environ.get(jaxfit_measure.REPORT_ENV))
+        return step
 
     jax_module.jit = jit
 
@@ -460,7 +468,7 @@ def _chain_next_sitecustomize() -> None:
 
 def _install() -> None:
     patches = {}
-    if STEP_NAME or PIN:
+    if STEP_NAME or PIN or MEASURE:
         patches["jax"] = _patch_jax
     if WANDB_CONFIG:
         patches["wandb"] = _patch_wandb

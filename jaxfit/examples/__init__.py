@@ -299,16 +299,35 @@ def make_train_step(cfg: ModelConfig, graphdef: nnx.GraphDef[Any], tx: optax.Gra
       The step function; jit it with ``donate_argnums=0`` to update the state in place.
     """
     import jax
+    import jax.numpy as jnp
     import optax
     from flax import nnx
+
+    steps = cfg.grad_accum_steps
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         params, opt_state = state
 
-        def loss_of(params: nnx.State) -> jax.Array:
-            return loss_fn(cfg, nnx.merge(graphdef, params), batch)
+        def loss_of(params: nnx.State, micro: Batch) -> jax.Array:
+            return loss_fn(cfg, nnx.merge(graphdef, params), micro)
 
-        loss, grads = jax.value_and_grad(loss_of)(params)
+        if steps == 1:
+            loss, grads = jax.value_and_grad(loss_of)(params, batch)
+        else:  # the batch as ``steps`` micro-batches, gradients summed in float32 (one live at a time)
+
+            def accumulate(carry: Any, micro: Batch) -> tuple[Any, None]:
+                loss_sum, grad_sum = carry
+                loss, grads = jax.value_and_grad(loss_of)(params, micro)
+                grad_sum = jax.tree_util.tree_map(lambda t, g: t + g.astype(jnp.float32), grad_sum, grads)
+                return (loss_sum + loss, grad_sum), None
+
+            micro_batches = jax.tree_util.tree_map(
+                lambda x: jnp.moveaxis(x.reshape(x.shape[0] // steps, steps, *x.shape[1:]), 1, 0), batch
+            )
+            zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+            (loss_sum, grad_sum), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), micro_batches)
+            loss = loss_sum / steps
+            grads = jax.tree_util.tree_map(lambda g, p: (g / steps).astype(p.dtype), grad_sum, params)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return (params, opt_state), {"loss": loss}

@@ -31,6 +31,8 @@ DEFAULT_EXAMPLE = "gpt-tiny"
 """The example used when none is named."""
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+REMAT_POLICY_NAMES = ("nothing", "dots", "dots_no_batch")
+"""What a rematerialised block may save (see ``jaxfit.examples.models.REMAT_POLICIES``)."""
 """The allowed values of every config's ``dtype`` field."""
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -86,6 +88,11 @@ class _ConfigChecks:
             raise ConfigError(
                 f"{self.family} config: dtype={self.dtype!r} is not supported; use one of: {', '.join(DTYPES)}"
             )
+        policy = getattr(self, "remat_policy", None)
+        if policy is not None and policy not in REMAT_POLICY_NAMES:
+            raise ConfigError(
+                f"{self.family} config: remat_policy={policy!r} is not one of: {', '.join(REMAT_POLICY_NAMES)}"
+            )
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ConfigError(
                 f"{self.family} config: learning_rate={self.learning_rate} must be a positive "
@@ -121,12 +128,17 @@ class GPTConfig(_ConfigChecks):
       n_heads: Attention heads per block (must divide ``d_model``).
       seq_len: Context length (tokens per sample).
       vocab_size: Vocabulary size (embedding rows and output logits).
-      remat: Rematerialise each block in the backward pass (``jax.checkpoint`` with the
-        ``nothing_saveable`` policy): less activation memory, more compute.
+      remat: Rematerialise each block in the backward pass (``jax.checkpoint``): less activation
+        memory, more compute.
+      remat_policy: What a rematerialised block saves: ``nothing`` (recompute it all),
+        ``dots`` (the outputs of matrix products) or ``dots_no_batch`` (those without a batch
+        dimension: the weights' products).
       dtype: ``"float32"`` or ``"bfloat16"``: the dtype of the parameters, the AdamW state and
         the compute (the loss is always computed in float32).
       learning_rate: AdamW learning rate.
       weight_decay: AdamW decoupled weight decay (applied to matrices only).
+      grad_accum_steps: Micro-batches each batch is split into, gradients summed before the one
+        update (the batch stays the same, the activations shrink).
     """
 
     family: ClassVar[str] = "gpt"
@@ -137,9 +149,11 @@ class GPTConfig(_ConfigChecks):
     seq_len: int = 256
     vocab_size: int = 8192
     remat: bool = False
+    remat_policy: str = "nothing"
     dtype: str = "float32"
     learning_rate: float = 3e-4
     weight_decay: float = 0.01
+    grad_accum_steps: int = 1
 
     def _check(self) -> None:
         self._require_divisible("d_model", "n_heads")
@@ -158,10 +172,13 @@ class ViTConfig(_ConfigChecks):
       n_heads: Attention heads per block (must divide ``d_model``).
       num_classes: Output classes.
       remat: Rematerialise each block in the backward pass.
+      remat_policy: What a rematerialised block saves (``nothing``, ``dots``, ``dots_no_batch``).
       dtype: ``"float32"`` or ``"bfloat16"``: the dtype of the parameters, the AdamW state and
         the compute (the loss is always computed in float32).
       learning_rate: AdamW learning rate.
       weight_decay: AdamW decoupled weight decay (applied to matrices only).
+      grad_accum_steps: Micro-batches each batch is split into, gradients summed before the one
+        update (the batch stays the same, the activations shrink).
     """
 
     family: ClassVar[str] = "vit"
@@ -174,9 +191,11 @@ class ViTConfig(_ConfigChecks):
     n_heads: int = 6
     num_classes: int = 1000
     remat: bool = False
+    remat_policy: str = "nothing"
     dtype: str = "float32"
     learning_rate: float = 3e-4
     weight_decay: float = 0.01
+    grad_accum_steps: int = 1
 
     def _check(self) -> None:
         self._require_divisible("d_model", "n_heads")
@@ -196,6 +215,8 @@ class MLPConfig(_ConfigChecks):
         the compute (the loss is always computed in float32).
       learning_rate: AdamW learning rate.
       weight_decay: AdamW decoupled weight decay (applied to matrices only).
+      grad_accum_steps: Micro-batches each batch is split into, gradients summed before the one
+        update (the batch stays the same, the activations shrink).
     """
 
     family: ClassVar[str] = "mlp"
@@ -207,6 +228,7 @@ class MLPConfig(_ConfigChecks):
     dtype: str = "float32"
     learning_rate: float = 3e-4
     weight_decay: float = 0.01
+    grad_accum_steps: int = 1
 
 
 ModelConfig = GPTConfig | ViTConfig | MLPConfig

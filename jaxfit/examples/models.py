@@ -74,13 +74,23 @@ class Block(nnx.Module):
         return x + self.fc2(jax.nn.gelu(self.fc1(self.ln2(x))))
 
 
-def _run_blocks(blocks: Any, x: jax.Array, remat: bool) -> jax.Array:
+REMAT_POLICIES = {
+    "nothing": "nothing_saveable",
+    "dots": "dots_saveable",
+    "dots_no_batch": "dots_with_no_batch_dims_saveable",
+}
+"""``remat_policy`` -> the ``jax.checkpoint_policies`` member: save nothing (recompute the whole
+block), save the outputs of matrix products, or only those without a batch dimension."""
+
+
+def _run_blocks(blocks: Any, x: jax.Array, remat: bool, policy: str = "nothing") -> jax.Array:
     """Apply ``blocks`` in order; with ``remat``, recompute each block's activations on backward.
 
     The rematerialised path is functional: the block is split into its graph and state, and
-    ``jax.checkpoint`` (policy ``nothing_saveable``) wraps ``merge(graph, state)(x)``, so only the
-    block's input is saved for the backward pass.
+    ``jax.checkpoint`` (its ``policy``, :data:`REMAT_POLICIES`) wraps ``merge(graph, state)(x)``;
+    with ``nothing`` only the block's input is saved for the backward pass.
     """
+    saveable = getattr(jax.checkpoint_policies, REMAT_POLICIES[policy])
     for block in blocks:
         if remat:
             graphdef, state = nnx.split(block)
@@ -88,7 +98,7 @@ def _run_blocks(blocks: Any, x: jax.Array, remat: bool) -> jax.Array:
             def apply(state: Any, x: jax.Array, graphdef: Any = graphdef) -> jax.Array:
                 return nnx.merge(graphdef, state)(x)
 
-            x = jax.checkpoint(apply, policy=jax.checkpoint_policies.nothing_saveable)(state, x)
+            x = jax.checkpoint(apply, policy=saveable)(state, x)
         else:
             x = block(x)
     return x
@@ -110,6 +120,7 @@ class GPT(nnx.Module):
         """
         dtype = _dtype(cfg.dtype)
         self.remat = cfg.remat
+        self.remat_policy = cfg.remat_policy
         self.seq_len = cfg.seq_len
         self.tok_emb = nnx.Embed(
             cfg.vocab_size,
@@ -132,7 +143,7 @@ class GPT(nnx.Module):
         if tokens_len > self.seq_len:
             raise ValueError(f"{tokens_len} tokens exceed the model's seq_len={self.seq_len}")
         x = self.tok_emb(tokens) + self.pos_emb[:tokens_len]
-        x = _run_blocks(self.blocks, x, self.remat)
+        x = _run_blocks(self.blocks, x, self.remat, self.remat_policy)
         return self.head(self.ln_f(x))
 
 
@@ -153,6 +164,7 @@ class ViT(nnx.Module):
         """
         dtype = _dtype(cfg.dtype)
         self.remat = cfg.remat
+        self.remat_policy = cfg.remat_policy
         self.patch_size = cfg.patch_size
         num_patches = (cfg.image_size // cfg.patch_size) ** 2
         patch_dim = cfg.patch_size * cfg.patch_size * cfg.channels
@@ -174,7 +186,7 @@ class ViT(nnx.Module):
         x = self.patch_embed(patches)
         cls = jnp.broadcast_to(self.cls_token[...], (batch, 1, x.shape[-1])).astype(x.dtype)
         x = jnp.concatenate([cls, x], axis=1) + self.pos_emb[...]
-        x = _run_blocks(self.blocks, x, self.remat)
+        x = _run_blocks(self.blocks, x, self.remat, self.remat_policy)
         return self.head(self.ln_f(x[:, 0]))
 
 

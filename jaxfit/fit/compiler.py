@@ -93,6 +93,9 @@ DEFAULT_STEP_NAME = "train_step"
 """The train step's name when ``--step-name`` is not given (then a step-like function is found too)."""
 HOOK_VARIABLES = (
     "JAXFIT_HOOK_OWNER",
+    "JAXFIT_MEASURE",
+    "JAXFIT_MEASURE_REPORT",
+    "JAXFIT_MEASURE_STEP_NAME",
     "JAXFIT_PIN",
     "JAXFIT_PIN_REPORT",
     "JAXFIT_PIN_STEP_NAME",

@@ -1,0 +1,151 @@
+"""``jaxfit tune``: the fastest settings that fit, measured."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import tyro
+from rich.console import Console
+
+from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, WandbMode, app, consoles, parsed
+from jaxfit.errors import JaxfitError
+from jaxfit.fit.options import FitOptions
+
+
+@app.command(name="tune")
+def tune_command(
+    options: Annotated[FitOptions, Flat] = FitOptions(),
+    probe: Annotated[ScriptArgs, Flat] = ScriptArgs(),
+    example: str | None = None,
+    overrides: Annotated[tuple[str, ...], tyro.conf.arg(name="set"), tyro.conf.UseAppendAction] = (),
+    script: bool = False,
+    global_batch: int | None = None,
+    remat: str = "none,full",
+    precision: str = "float32,bfloat16",
+    axes: Annotated[tuple[str, ...], tyro.conf.arg(name="axis"), tyro.conf.UseAppendAction] = (),
+    warmup: int = 2,
+    steps: int = 5,
+    budget: float | None = None,
+    peak_tflops: float | None = None,
+    micro_batches: int = 3,
+    json: str | None = None,
+    png: str | None = None,
+    quiet: bool = False,
+    wandb: bool = False,
+    wandb_mode: WandbMode | None = None,
+    wandb_project: str = "jaxfit",
+) -> int:
+    """Find the settings that train fastest and fit: each compiled to prove it fits, the candidates that can win measured in fresh training processes.
+
+    Usage: `jaxfit tune --example gpt-small --global-batch 64 --mem-fraction 0.3` (remat and
+    precision of a built-in example), or `jaxfit tune --script --global-batch 64
+    --axis=--remat=none,full --axis=--precision=float32,bfloat16 -- python scripts/train.py
+    gpt_small --exp-name=t` (a script's own flags). For each setting the largest micro-batch that
+    fits is found, then the micro-batches that divide the global batch (with --grad-accum-steps)
+    are compiled as they will run; a candidate that cannot beat the best measured rate at the
+    device's peak FLOP/s is skipped; the others run warm-up and timed steps in a fresh process
+    with their proven (pinned) program, and are ranked by samples per second.
+
+    Args:
+        options: How to fit.
+        probe: With --script: how to find the train step, and its batch and accumulation flags.
+        example: Built-in example to tune (see `jaxfit examples`); default gpt-tiny.
+        overrides: Override a config key of the example for every setting, KEY=VALUE; repeatable.
+        script: Tune a training script given after -- (its flags as --axis).
+        global_batch: Samples per optimizer step to keep (micro-batch x accumulation); default: each setting's largest batch.
+        remat: Built-in examples: rematerialisation choices, comma-separated, of none, full, dots, dots_no_batch.
+        precision: Built-in examples: float32, bfloat16, comma-separated.
+        axes: Scripts: a flag and its values, --axis=--FLAG=V1,V2; repeatable (the settings are their cross product).
+        warmup: Steps run before timing (the first loads the program).
+        steps: Steps timed per candidate (the median is its step time).
+        budget: Stop measuring after this many seconds (the rows not measured say so).
+        peak_tflops: The device's peak TFLOP/s, for MFU and to prune candidates that cannot win (default: a table of GPUs; none on a CPU).
+        micro_batches: Micro-batches tried per setting, largest first.
+        json: Write the result (rows, best, breakdown of the best) to this file.
+        png: Draw samples/s against micro-batch per setting to this PNG.
+        quiet: No progress.
+        wandb: Log the tune as a Weights & Biases run with a table of the candidates.
+        wandb_mode: online, offline or disabled; default $WANDB_MODE, else online with credentials and offline without.
+        wandb_project: The W&B project of --wandb.
+    """
+    parsed()
+    from jaxfit.files import check_writable, write_json
+    from jaxfit.fit.sources import example_source
+    from jaxfit.tune import Target, TuneOptions, example_settings, script_settings, tune
+    from jaxfit.tune.report import draw, tune_table
+
+    if example and script:
+        raise JaxfitError("give one of --example or --script")
+    if COMMAND and not script:
+        raise JaxfitError("a command after -- needs --script")
+    for path, flag in ((json, "--json"), (png, "--png")):
+        if path:
+            check_writable(path, flag)
+    tuning = TuneOptions(
+        global_batch=global_batch,
+        warmup=warmup,
+        steps=steps,
+        budget_seconds=budget,
+        peak_tflops=peak_tflops,
+        micro_batches=micro_batches,
+        use_cache=options.use_cache,
+    ).validate()
+    if script:
+        if overrides:
+            raise JaxfitError("--set applies to built-in examples; give a script's flags with --axis")
+        source = probe.source()
+        _check_axes(list(source.run_command), axes, source.batch_flag, source.accum_flag if global_batch else None)
+        target, settings = Target(script=source), script_settings(axes)
+    else:
+        if axes:
+            raise JaxfitError(
+                "--axis applies to scripts; give a built-in example's choices with --remat and --precision"
+            )
+        from jaxfit.examples import DEFAULT_EXAMPLE, parse_overrides
+
+        target = Target(example=example_source(example or DEFAULT_EXAMPLE, parse_overrides(overrides)))
+        settings = example_settings(_choices(remat), _choices(precision))
+    out, progress = consoles(quiet)
+    result = tune(target, settings, options.validate(), tuning, progress=progress)
+    if json:
+        write_json(json, result.to_dict())
+    out.print(tune_table(result))
+    out.print(f"[bold]{result.message}[/]", highlight=False)
+    if result.command:
+        import shlex
+
+        out.print(
+            f"train with: XLA_PYTHON_CLIENT_MEM_FRACTION={result.mem_fraction:g} {shlex.join(result.command)}",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
+    if png:
+        out.print(f"plot: {draw(result, png)}", highlight=False)
+    if wandb:
+        from jaxfit.tune.report import log_tune
+
+        Console(stderr=True).print(
+            f"[dim]logged to Weights & Biases: {log_tune(result, mode=wandb_mode, project=wandb_project)}[/]"
+        )
+    return 0 if result.best is not None else 1
+
+
+def _choices(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values:
+        raise JaxfitError(f"{text!r} names no choice; give them comma-separated, e.g. none,full")
+    return values
+
+
+def _check_axes(command: list[str], axes: tuple[str, ...], batch_flag: str, accum_flag: str | None) -> None:
+    """Every flag an axis, the batch or the accumulation needs must be one the script takes (its --help)."""
+    from jaxfit.run.launch import check_batch_flag
+    from jaxfit.tune.space import parse_axis
+
+    for axis in axes:
+        flag, _ = parse_axis(axis)
+        check_batch_flag(command, flag, fix=f"--axis names {flag}, which the script does not take; check its --help")
+    check_batch_flag(command, batch_flag)
+    if accum_flag:
+        check_batch_flag(command, accum_flag, fix="--global-batch needs the script's accumulation flag (--accum-flag)")

@@ -1,0 +1,555 @@
+"""``jaxfit tune``: the fastest settings that fit, proven by compiling and measured by running.
+
+For each setting (remat and precision of a built-in example, or a script's own flags):
+
+1. **Fit** (:func:`jaxfit.fit_batch`): its largest micro-batch under the fraction; then each
+   micro-batch ``m`` that divides the global batch ``G`` (the largest few) is compiled as it will
+   run, accumulated over ``G / m`` steps, to prove it fits; each proof pins its program.
+2. **Prune**: a candidate whose compiled FLOPs at the device's peak rate cannot beat the best
+   samples/s measured so far is not run (a bound, not a guess: without a known peak nothing is
+   pruned); ``--budget`` stops measuring when the wall time is spent.
+3. **Measure**: a fresh training process under the fraction loads the candidate's pinned program,
+   runs warm-up steps, then timed steps (jaxfit's start-up hook times each step, and the time the
+   script spends between steps), and is stopped (:mod:`jaxfit._probe.jaxfit_measure`).
+   Measurements are cached by the program's fingerprint, the fraction, the device and the versions.
+4. **Rank** by samples per second, with the compiled peak and headroom, step time, MFU (model
+   FLOPs from the compiled cost analysis of the same step without remat, where it was compiled;
+   else the program's own FLOPs, recompute included, and the row says so) and the input bandwidth
+   the rate needs (bytes per sample x samples/s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from jaxfit.errors import DoesNotFitError, JaxfitError
+from jaxfit.fit import FitOptions, FitResult, fit_batch
+from jaxfit.fit.answers import device_identity
+from jaxfit.fit.cache import JsonStore, default_cache_path
+from jaxfit.fit.common import Progress, notify
+from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
+from jaxfit.fit.leftovers import cleaned
+from jaxfit.fit.pin import Pin, hook_environment
+from jaxfit.fit.sources import ExampleSource, ScriptSource
+from jaxfit.run.accumulation import accumulated_command
+from jaxfit.run.command import with_batch
+from jaxfit.tune.peaks import peak_flops
+from jaxfit.tune.space import Setting, micro_batches, upper_bound_samples_per_second
+from jaxfit.versions import jax_version, jaxfit_version
+
+Status = Literal[
+    "measured", "does not fit", "out of memory", "crashed", "timed out", "cannot win", "budget spent", "not run"
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOptions:
+    """How to tune.
+
+    Attributes:
+      global_batch: Samples per optimizer step to keep (None: each setting's largest batch).
+      warmup: Steps run before timing (the first loads the program).
+      steps: Steps timed; the median is the step time.
+      budget_seconds: Stop measuring once the tune has taken this long (None: no limit).
+      peak_tflops: The device's peak TFLOP/s for MFU and pruning (None: from a table of GPUs).
+      micro_batches: Micro-batches tried per setting, largest first.
+      measure_timeout: Seconds a measuring process may take.
+      use_cache: Reuse measurements of the same program, fraction, device and versions.
+    """
+
+    global_batch: int | None = None
+    warmup: int = 2
+    steps: int = 5
+    budget_seconds: float | None = None
+    peak_tflops: float | None = None
+    micro_batches: int = 3
+    measure_timeout: float = 900.0
+    use_cache: bool = True
+
+    def validate(self) -> TuneOptions:
+        from jaxfit.errors import ConfigError
+
+        if self.global_batch is not None and self.global_batch < 1:
+            raise ConfigError(f"--global-batch {self.global_batch} must be at least 1")
+        if self.warmup < 1 or self.steps < 1:
+            raise ConfigError("--warmup and --steps must be at least 1 (the first step loads the program)")
+        if self.budget_seconds is not None and not self.budget_seconds > 0:
+            raise ConfigError(f"--budget {self.budget_seconds} must be more than 0 seconds")
+        if self.micro_batches < 1:
+            raise ConfigError(f"--micro-batches {self.micro_batches} must be at least 1")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"--peak-tflops {self.peak_tflops} must be positive")
+        return self
+
+
+@dataclasses.dataclass
+class Row:
+    """One candidate: a setting at a micro-batch, what it needs, and how fast it ran."""
+
+    setting: str
+    micro_batch: int
+    accum_steps: int
+    global_batch: int
+    peak_bytes: int | None = None
+    budget_bytes: int | None = None
+    fits: bool = False
+    status: Status = "not run"
+    note: str = ""
+    step_seconds: float | None = None
+    samples_per_second: float | None = None
+    outside_step_seconds: float | None = None
+    flops_per_step: float | None = None
+    model_flops_per_step: float | None = None
+    mfu: float | None = None
+    mfu_source: str = ""
+    bytes_per_sample: int | None = None
+    input_bytes_per_second: float | None = None
+    cached: bool = False
+    pin: str | None = None
+    precision: str = ""
+    remat: bool = False
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        return None if self.peak_bytes is None or self.budget_bytes is None else self.budget_bytes - self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["headroom_bytes"] = self.headroom_bytes
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """What ``jaxfit tune`` found: every row (measured fastest first), and the best one."""
+
+    rows: list[Row]
+    best: Row | None
+    workload: str
+    mem_fraction: float
+    device: dict[str, Any]
+    peak_flops: float | None
+    peak_source: str
+    wall_seconds: float
+    command: list[str] | None
+    breakdown: list[dict[str, Any]]
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": [r.to_dict() for r in self.rows],
+            "best": self.best.to_dict() if self.best else None,
+            "workload": self.workload,
+            "mem_fraction": self.mem_fraction,
+            "device": self.device,
+            "peak_flops": self.peak_flops,
+            "peak_source": self.peak_source,
+            "wall_seconds": self.wall_seconds,
+            "command": self.command,
+            "breakdown": self.breakdown,
+            "message": self.message,
+            "jaxfit_version": jaxfit_version(),
+        }
+
+
+# -- the sources of a setting ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What is tuned: a built-in example (config overrides) or a script (flags), and how to run it."""
+
+    example: ExampleSource | None = None
+    script: ScriptSource | None = None
+
+    @property
+    def name(self) -> str:
+        if self.example is not None:
+            return self.example.name
+        assert self.script is not None
+        return " ".join(self.script.run_command)
+
+    def source(self, setting: Setting, accum: int, batch: int | None) -> ExampleSource | ScriptSource:
+        """The source of ``setting`` accumulated over ``accum`` micro-batches (at ``batch``, for scripts)."""
+        if self.example is not None:
+            overrides = dict(self.example.overrides) | dict(setting.overrides)
+            if accum > 1:
+                overrides["grad_accum_steps"] = str(accum)
+            return ExampleSource(self.example.name, tuple(overrides.items()))
+        assert self.script is not None
+        command = list(self.script.run_command) + list(setting.flags)
+        if accum > 1:
+            command = accumulated_command(
+                command, batch or accum, accum, self.script.batch_flag, self.script.accum_flag
+            )
+        return self.script.with_command(command, batch)
+
+    def command(self, setting: Setting, micro: int, accum: int) -> list[str]:
+        """The command that trains ``setting`` at ``micro x accum`` (what is measured, and the answer)."""
+        if self.example is not None:
+            source = self.source(setting, accum, None)
+            assert isinstance(source, ExampleSource)
+            sets = [f"--set={k}={v}" for k, v in source.overrides]
+            return [
+                sys.executable,
+                "-m",
+                "jaxfit.tune.trial",
+                "--example",
+                source.name,
+                *sets,
+                "--batch",
+                str(micro * accum),
+            ]
+        assert self.script is not None
+        source = self.source(setting, accum, micro * accum)
+        assert isinstance(source, ScriptSource)
+        return with_batch(list(source.run_command), self.script.batch_flag, micro * accum)
+
+
+# -- fitting each candidate ------------------------------------------------------------------------
+
+
+def _dtype_of(setting: Setting, target: Target) -> str:
+    for key, value in setting.overrides:
+        if key == "dtype":
+            return value
+    for flag in setting.flags:
+        if "bfloat16" in flag or "bf16" in flag:
+            return "bfloat16"
+    if target.example is not None:
+        from jaxfit.examples import load_config
+
+        return str(load_config(target.example.name, dict(target.example.overrides)).dtype)
+    return "float32"
+
+
+def _prove(
+    target: Target,
+    setting: Setting,
+    micro: int,
+    accum: int,
+    largest: FitResult | None,
+    options: FitOptions,
+    progress: Progress | None,
+) -> FitResult:
+    """The fit that proves ``setting`` at ``micro x accum`` fits (and pins its program)."""
+    if accum == 1 and largest is not None and largest.batch_size == micro:
+        return largest
+    batch = micro * accum
+    exact = dataclasses.replace(options, min_batch=batch, max_batch=batch, multiple_of=accum)
+    return fit_batch(target.source(setting, accum, batch), exact, progress=progress)
+
+
+def _rows_of_setting(
+    target: Target, setting: Setting, options: FitOptions, tune: TuneOptions, progress: Progress | None
+) -> tuple[list[Row], dict[tuple[int, int], FitResult]]:
+    """Fit one setting: its largest micro-batch, then each micro-batch to try; a row for each."""
+    dtype, remat = _dtype_of(setting, target), setting.remat
+    cap = tune.global_batch or options.max_batch
+    notify(progress, "note", text=f"tune: {setting.name}: the largest micro-batch up to {cap}")
+    try:
+        largest = fit_batch(
+            target.source(setting, 1, None), dataclasses.replace(options, max_batch=cap), progress=progress
+        )
+    except DoesNotFitError as err:
+        g = tune.global_batch or 1
+        return [
+            Row(setting.name, 1, g, g, fits=False, status="does not fit", note=err.what, precision=dtype, remat=remat)
+        ], {}
+    rows, fits = [], {}
+    for micro in micro_batches(
+        tune.global_batch, largest.batch_size, multiple_of=largest.multiple_of, most=tune.micro_batches
+    ):
+        accum = (tune.global_batch or micro) // micro
+        row = Row(setting.name, micro, accum, micro * accum, precision=dtype, remat=remat)
+        try:
+            fit = _prove(target, setting, micro, accum, largest, options, progress)
+        except JaxfitError as err:
+            row.status, row.note = "does not fit", str(err).split(";")[0]
+            rows.append(row)
+            continue
+        answer = next((c for c in fit.candidates if c.batch_size == fit.batch_size), None)
+        batch_bytes = next((c["bytes"] for c in fit.breakdown if c["name"] == "batch"), None)
+        row.peak_bytes, row.budget_bytes, row.fits = fit.peak_bytes, fit.budget_bytes, True
+        row.flops_per_step = answer.flops if answer else None
+        row.bytes_per_sample = batch_bytes // row.global_batch if batch_bytes else None
+        row.pin = fit.pin["path"] if fit.pin else None
+        rows.append(row)
+        fits[(micro, accum)] = fit
+    if not rows:
+        rows.append(
+            Row(
+                setting.name,
+                largest.batch_size,
+                1,
+                largest.batch_size,
+                status="does not fit",
+                note=f"no micro-batch up to {largest.batch_size} divides the global batch {tune.global_batch}",
+                precision=dtype,
+                remat=remat,
+            )
+        )
+    return rows, fits
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def _measure_key(row: Row, fit: FitResult, command: Sequence[str], tune: TuneOptions) -> str | None:
+    if not fit.pin:
+        return None
+    parts = {
+        "fingerprint": fit.pin["fingerprint"],
+        "fraction": fit.mem_fraction,
+        "device": device_identity(),
+        "jax": jax_version(),
+        "jaxfit": jaxfit_version(),
+        "warmup": tune.warmup,
+        "steps": tune.steps,
+        "command": list(command[1:]),
+        "batch": row.global_batch,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _measure(
+    target: Target, setting: Setting, row: Row, fit: FitResult, tune: TuneOptions, cache: JsonStore | None
+) -> dict[str, Any]:
+    """Run the candidate in a fresh process with its pinned program; what the hook measured."""
+    command = target.command(setting, row.micro_batch, row.accum_steps)
+    key = _measure_key(row, fit, command, tune)
+    if cache is not None and key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return dict(hit, cached=True)
+    folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
+    report = folder / "measure.json"
+    env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
+    env.update(
+        {
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fit.mem_fraction:g}",
+            "PYTHONPATH": hooked_pythonpath(),
+            "JAXFIT_MEASURE": f"{tune.warmup},{tune.steps}",
+            "JAXFIT_MEASURE_REPORT": str(report),
+            "JAXFIT_MEASURE_STEP_NAME": str(fit.workload.get("description", {}).get("step_name") or "train_step"),
+            "WANDB_MODE": "disabled",
+        }
+    )
+    pin = Pin.from_dict(fit.pin) if fit.pin else None
+    env.update(hook_environment(pin, str(folder / "pin-report.json")))
+    cwd = target.script.cwd if target.script is not None else None
+    log = folder / "log.txt"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = proc.wait(timeout=tune.measure_timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    text = log.read_text(errors="replace")
+    measured: dict[str, Any] = {"exit_code": code, "log_tail": "\n".join(text.strip().splitlines()[-5:])}
+    if report.exists():
+        measured.update(json.loads(report.read_text()))
+    pinned = folder / "pin-report.json"
+    if pinned.exists():
+        measured["program_pinned"] = json.loads(pinned.read_text()).get("program_pinned")
+    if cache is not None and key is not None and "step_seconds" in measured:
+        cache.put(key, measured)
+    return dict(measured, cached=False)
+
+
+def _apply(row: Row, measured: Mapping[str, Any]) -> None:
+    steps = measured.get("step_seconds") or []
+    if steps:
+        row.status = "measured"
+        row.step_seconds = statistics.median(steps)
+        row.samples_per_second = row.global_batch / row.step_seconds
+        outside = measured.get("outside_step_seconds") or []
+        row.outside_step_seconds = statistics.median(outside) if outside else None
+        if row.bytes_per_sample:
+            row.input_bytes_per_second = row.bytes_per_sample * row.samples_per_second
+        row.cached = bool(measured.get("cached"))
+        if measured.get("program_pinned") is False:
+            row.note = "ran its own program, not the pinned one"
+        return
+    tail = str(measured.get("log_tail") or "")
+    if measured.get("exit_code") is None:
+        row.status, row.note = "timed out", "the measuring process did not finish in time"
+    elif "RESOURCE_EXHAUSTED" in tail or "does not fit the budget" in tail:
+        row.status, row.note = "out of memory", tail.splitlines()[-1][:200] if tail else ""
+    else:
+        row.status, row.note = "crashed", (tail.splitlines()[-1][:200] if tail else f"exit {measured.get('exit_code')}")
+
+
+def _mfu(rows: Sequence[Row], peaks: Callable[[str], float | None]) -> None:
+    """MFU of every measured row: model FLOPs (the same step without remat when compiled) per
+    second over the peak for its precision."""
+    plain = {
+        (r.precision, r.micro_batch, r.accum_steps): r.flops_per_step for r in rows if not r.remat and r.flops_per_step
+    }
+    for r in rows:
+        if r.samples_per_second is None or not r.flops_per_step or not r.step_seconds:
+            continue
+        model = plain.get((r.precision, r.micro_batch, r.accum_steps))
+        if model is not None:
+            r.model_flops_per_step, r.mfu_source = model, "compiled FLOPs of the step without remat"
+        else:
+            r.model_flops_per_step = r.flops_per_step
+            r.mfu_source = "compiled FLOPs of this program (remat's recompute counted)" if r.remat else "compiled FLOPs"
+        peak = peaks(r.precision)
+        r.mfu = r.model_flops_per_step / r.step_seconds / peak if peak else None
+
+
+def tune(
+    target: Target,
+    settings: Sequence[Setting],
+    options: FitOptions,
+    tuning: TuneOptions,
+    progress: Progress | None = None,
+) -> TuneResult:
+    """The fastest of ``settings`` that fits (module docstring).
+
+    Raises:
+      ConfigError: bad options. A setting that does not fit, a run that crashes or runs out of
+        memory while measured is a row of the result, not an error.
+    """
+    start = time.perf_counter()
+    options.validate()
+    tuning.validate()
+    fraction = options.resolved_fraction()
+    rows: list[Row] = []
+    fits: dict[tuple[str, int, int], FitResult] = {}
+    by_name = {s.name: s for s in settings}
+    context = (
+        cleaned(target.script.cwd, exclude=(default_cache_path().parent,))
+        if target.script
+        else contextlib.nullcontext()
+    )
+    device: dict[str, Any] = {}
+    with context:
+        for setting in settings:
+            setting_rows, setting_fits = _rows_of_setting(target, setting, options, tuning, progress)
+            rows.extend(setting_rows)
+            fits.update({(setting.name, m, a): f for (m, a), f in setting_fits.items()})
+            for f in setting_fits.values():
+                device = f.device
+        kind = str(device.get("device_kind") or "")
+        peak_cache: dict[str, tuple[float | None, str]] = {}
+
+        def peak_of(dtype: str) -> float | None:
+            if dtype not in peak_cache:
+                peak_cache[dtype] = peak_flops(kind, dtype, tuning.peak_tflops)
+            return peak_cache[dtype][0]
+
+        store = _measurements(options) if tuning.use_cache else None
+        try:
+
+            def bound(r: Row) -> float:
+                return upper_bound_samples_per_second(r.global_batch, r.flops_per_step, peak_of(r.precision))
+
+            # The most promising first: the highest bound; without one, the fewest FLOPs per sample
+            # and the largest micro-batch.
+            order = sorted(
+                (r for r in rows if r.fits),
+                key=lambda r: (-bound(r), (r.flops_per_step or 0) / r.global_batch, -r.micro_batch),
+            )
+            best = 0.0
+            for row in order:
+                bound_row = bound(row)
+                if bound_row < best:
+                    row.status = "cannot win"
+                    row.note = f"at most {bound_row:.1f} samples/s at the device's peak; {best:.1f} was measured"
+                    continue
+                if tuning.budget_seconds is not None and time.perf_counter() - start > tuning.budget_seconds:
+                    row.status, row.note = "budget spent", f"--budget {tuning.budget_seconds:g} s was spent"
+                    continue
+                notify(progress, "note", text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps}")
+                measured = _measure(
+                    target,
+                    by_name[row.setting],
+                    row,
+                    fits[(row.setting, row.micro_batch, row.accum_steps)],
+                    tuning,
+                    store,
+                )
+                _apply(row, measured)
+                if row.samples_per_second:
+                    best = max(best, row.samples_per_second)
+                    notify(
+                        progress,
+                        "note",
+                        text=f"tune:   {row.samples_per_second:.1f} samples/s" + (" (cached)" if row.cached else ""),
+                    )
+        finally:
+            if store is not None:
+                store.close()
+    _mfu(rows, peak_of)
+    rows.sort(key=lambda r: (r.samples_per_second is None, -(r.samples_per_second or 0)))
+    best_row = next((r for r in rows if r.samples_per_second), None)
+    command = (
+        target.command(by_name[best_row.setting], best_row.micro_batch, best_row.accum_steps) if best_row else None
+    )
+    best_fit = fits.get((best_row.setting, best_row.micro_batch, best_row.accum_steps)) if best_row else None
+    message = _message(best_row, rows, tuning)
+    return TuneResult(
+        rows=rows,
+        best=best_row,
+        workload=target.name,
+        mem_fraction=fraction,
+        device=device,
+        peak_flops=peak_of(best_row.precision) if best_row else None,
+        peak_source=peak_flops(kind, best_row.precision if best_row else "float32", tuning.peak_tflops)[1],
+        wall_seconds=round(time.perf_counter() - start, 3),
+        command=command,
+        breakdown=best_fit.breakdown if best_fit else [],
+        message=message,
+    )
+
+
+def _measurements(options: FitOptions) -> JsonStore | None:
+    path = options.cache_file()
+    return JsonStore(path, "measurements") if path else None
+
+
+def _message(best: Row | None, rows: Sequence[Row], tuning: TuneOptions) -> str:
+    measured = sum(1 for r in rows if r.status == "measured")
+    if best is None:
+        closest = max((r for r in rows if r.fits), key=lambda r: r.micro_batch, default=None)
+        reason = "no candidate fits" if closest is None else "no candidate could be measured"
+        return f"{reason} ({len(rows)} candidates, {measured} measured)" + (
+            f"; the global batch {tuning.global_batch} may need more accumulation or a larger fraction"
+            if tuning.global_batch and closest is None
+            else ""
+        )
+    mfu = f", MFU {best.mfu:.1%}" if best.mfu is not None else ""
+    return (
+        f"fastest: {best.setting} at {best.micro_batch} x {best.accum_steps} (global batch {best.global_batch}): "
+        f"{best.samples_per_second:.1f} samples/s, step {best.step_seconds:.3f} s{mfu}; "
+        f"{measured} of {len(rows)} candidates measured"
+    )
