@@ -174,7 +174,7 @@ def test_a_cached_answer_keeps_its_pin_and_a_pruned_pin_is_made_again(tmp_path, 
 
 
 def test_pins_are_pruned_least_recently_used_first(tmp_path, monkeypatch):
-    from jaxfit import pin as pin_mod
+    from jaxfit.fit import pin as pin_mod
 
     root = tmp_path / "pins"
     for i in range(5):

@@ -197,8 +197,9 @@ class Target:
             )
         return self.script.with_command(command, batch)
 
-    def command(self, setting: Setting, micro: int, accum: int) -> list[str]:
-        """The command that trains ``setting`` at ``micro x accum`` (what is measured, and the answer)."""
+    def command(self, setting: Setting, micro: int, accum: int, *, measuring: bool = False) -> list[str]:
+        """The command that trains ``setting`` at ``micro x accum``; ``measuring``: with the probe's
+        own arguments (``--probe-arg``: where a short run's outputs go), as it is measured."""
         if self.example is not None:
             source = self.source(setting, accum, None)
             assert isinstance(source, ExampleSource)
@@ -216,7 +217,9 @@ class Target:
         assert self.script is not None
         source = self.source(setting, accum, micro * accum)
         assert isinstance(source, ScriptSource)
-        return with_batch(list(source.run_command), self.script.batch_flag, micro * accum)
+        return with_batch(
+            list(source.command if measuring else source.run_command), self.script.batch_flag, micro * accum
+        )
 
 
 # -- fitting each candidate ------------------------------------------------------------------------
@@ -328,8 +331,11 @@ def _measure_key(row: Row, fit: FitResult, command: Sequence[str], tune: TuneOpt
 def _measure(
     target: Target, setting: Setting, row: Row, fit: FitResult, tune: TuneOptions, cache: JsonStore | None
 ) -> dict[str, Any]:
-    """Run the candidate in a fresh process with its pinned program; what the hook measured."""
-    command = target.command(setting, row.micro_batch, row.accum_steps)
+    """Run the candidate in a fresh process with its pinned program; what the hook measured.
+
+    What a script's start-up creates in its folder and holds no data is removed after each run, so
+    the next one starts as this one did (a checkpoint folder would otherwise stop it)."""
+    command = target.command(setting, row.micro_batch, row.accum_steps, measuring=True)
     key = _measure_key(row, fit, command, tune)
     if cache is not None and key is not None:
         hit = cache.get(key)
@@ -352,7 +358,8 @@ def _measure(
     env.update(hook_environment(pin, str(folder / "pin-report.json")))
     cwd = target.script.cwd if target.script is not None else None
     log = folder / "log.txt"
-    with open(log, "wb") as out:
+    tidy = cleaned(cwd, exclude=(default_cache_path().parent,)) if cwd else contextlib.nullcontext()
+    with tidy, open(log, "wb") as out:
         proc = subprocess.Popen(
             command,
             env=env,

@@ -1,0 +1,132 @@
+"""jaxfit tune for real: compiles, pinned programs, measuring processes (CPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from helpers import REPO, error_line
+
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
+
+TRAIN = str(REPO / "scripts" / "train.py")
+TINY = ["--device-memory", "1GiB", "--mem-fraction", "0.3", "--warmup", "1", "--steps", "2"]
+
+
+def _result(tmp_path, name="t.json") -> dict:
+    return json.loads((tmp_path / name).read_text())
+
+
+def test_tune_of_an_example_measures_what_fits_and_ranks_it(tmp_path, run_cli):
+    args = [
+        "tune",
+        "--example",
+        "gpt-tiny",
+        "--set",
+        "n_layers=1",
+        "--global-batch",
+        "8",
+        "--remat",
+        "none,full",
+        "--precision",
+        "float32",
+        "--micro-batches",
+        "2",
+        *TINY,
+    ]
+    proc = run_cli(*args, "--json", "t.json", "--png", "t.png")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = _result(tmp_path)
+    rows = result["rows"]
+    assert {r["setting"] for r in rows} == {"remat=none,precision=float32", "remat=full,precision=float32"}
+    measured = [r for r in rows if r["status"] == "measured"]
+    assert measured and all(r["fits"] and r["peak_bytes"] <= r["budget_bytes"] for r in measured)
+    assert all(r["micro_batch"] * r["accum_steps"] == 8 for r in rows)
+    assert result["best"]["samples_per_second"] == max(r["samples_per_second"] for r in measured)
+    assert rows[0] == result["best"]  # ranked fastest first
+    assert sum(c["bytes"] for c in result["breakdown"]) == result["best"]["peak_bytes"]
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    assert "fastest:" in proc.stdout
+
+    again = run_cli(*args, "--json", "t2.json")  # every program and measurement comes from the caches
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert all(r["cached"] for r in _result(tmp_path, "t2.json")["rows"] if r["status"] == "measured")
+
+
+def test_tune_of_train_py_over_two_axes(tmp_path, run_cli):
+    proc = run_cli(
+        "tune",
+        "--script",
+        "--global-batch",
+        "16",
+        "--micro-batches",
+        "1",
+        "--axis=--remat=none,full",
+        "--axis=--precision=float32,bfloat16",
+        *TINY,
+        "--json",
+        "t.json",
+        "--",
+        sys.executable,
+        TRAIN,
+        "debug",
+        "--exp-name=tune",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}",
+        "--no-wandb-enabled",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = _result(tmp_path)
+    settings = {r["setting"] for r in result["rows"]}
+    assert settings == {f"--remat={r} --precision={p}" for r in ("none", "full") for p in ("float32", "bfloat16")}
+    measured = [r for r in result["rows"] if r["status"] == "measured"]
+    assert len(measured) == 4 and all(r["fits"] for r in measured)
+    assert result["best"] == max(measured, key=lambda r: r["samples_per_second"])
+    assert "--batch-size=16" in result["command"] and result["best"]["setting"].split()[0] in result["command"]
+    assert not (tmp_path / "ck" / "debug" / "tune").exists() or not any((tmp_path / "ck" / "debug" / "tune").iterdir())
+
+
+def test_a_budget_too_small_measures_nothing_and_says_so(tmp_path, run_cli):
+    proc = run_cli(
+        "tune",
+        "--example",
+        "gpt-tiny",
+        "--set",
+        "n_layers=1",
+        "--global-batch",
+        "4",
+        "--remat",
+        "none",
+        "--precision",
+        "float32",
+        *TINY,
+        "--budget",
+        "0.001",
+        "--json",
+        "t.json",
+    )
+    assert proc.returncode == 1
+    rows = _result(tmp_path)["rows"]
+    assert rows and all(r["status"] == "budget spent" for r in rows if r["fits"])
+    assert "no candidate could be measured" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["tune", "--script", "--axis=--nosuch=1,2", "--", sys.executable, TRAIN, "debug", "--exp-name=x"],
+            "--axis names --nosuch, which the script does not take",
+        ),
+        (
+            ["tune", "--script", "--axis=remat", "--", sys.executable, TRAIN, "debug", "--exp-name=x"],
+            "must look like --FLAG=VALUE1,VALUE2",
+        ),
+        (["tune", "--example", "gpt-tiny", "--remat", "sometimes"], "--remat 'sometimes' is not one of"),
+        (["tune", "--example", "gpt-tiny", "--axis=--a=1"], "--axis applies to scripts"),
+        (["tune", "--global-batch", "0"], "--global-batch 0 must be at least 1"),
+        (["tune", "--steps", "0"], "--warmup and --steps must be at least 1"),
+    ],
+)
+def test_tune_bad_input_is_one_line(run_cli, args, message):
+    assert message in error_line(run_cli(*args))

@@ -1,0 +1,79 @@
+"""The tune's space and pruning, on synthetic numbers (pure logic)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jaxfit.errors import ConfigError
+from jaxfit.tune.space import (
+    example_settings,
+    micro_batches,
+    parse_axis,
+    script_settings,
+    upper_bound_samples_per_second,
+)
+
+
+def test_example_settings_cross_remat_and_precision():
+    settings = example_settings(["none", "dots", "full"], ["float32", "bfloat16"])
+    assert len(settings) == 6
+    by_name = {s.name: dict(s.overrides) for s in settings}
+    assert by_name["remat=none,precision=float32"] == {"dtype": "float32", "remat": "false"}
+    assert by_name["remat=dots,precision=bfloat16"] == {"dtype": "bfloat16", "remat": "true", "remat_policy": "dots"}
+    assert by_name["remat=full,precision=float32"]["remat_policy"] == "nothing"
+    assert [s.remat for s in settings] == [False, False, True, True, True, True]
+    with pytest.raises(ConfigError, match="--remat 'some'"):
+        example_settings(["some"], ["float32"])
+    with pytest.raises(ConfigError, match="--precision 'fp8'"):
+        example_settings(["none"], ["fp8"])
+
+
+def test_script_axes_are_crossed_into_flags():
+    settings = script_settings(["--remat=none,full", "--precision=float32,bfloat16"])
+    assert [s.flags for s in settings] == [
+        ("--remat=none", "--precision=float32"),
+        ("--remat=none", "--precision=bfloat16"),
+        ("--remat=full", "--precision=float32"),
+        ("--remat=full", "--precision=bfloat16"),
+    ]
+    assert script_settings([])[0].flags == ()
+    assert parse_axis("--model-overrides.remat=false,true") == ("--model-overrides.remat", ["false", "true"])
+    for bad in ["remat=none", "--remat", "--remat=", "--remat=,"]:
+        with pytest.raises(ConfigError, match="must look like --FLAG=VALUE1,VALUE2"):
+            parse_axis(bad)
+    with pytest.raises(ConfigError, match="given twice"):
+        script_settings(["--a=1,2", "--a=3"])
+
+
+@pytest.mark.parametrize(
+    "global_batch,largest,multiple,most,expected",
+    [
+        (64, 24, 1, 3, [16, 8, 4]),  # divisors of 64 up to the largest that fits, largest first
+        (64, 64, 1, 2, [64, 32]),
+        (64, 100, 1, 3, [64, 32, 16]),  # never above the global batch
+        (12, 5, 1, 3, [4, 3, 2]),
+        (64, 24, 8, 3, [16, 8]),  # multiples of the device count
+        (None, 37, 1, 3, [37]),  # no global batch: the largest alone
+        (64, 0, 1, 3, []),
+    ],
+)
+def test_micro_batches(global_batch, largest, multiple, most, expected):
+    assert micro_batches(global_batch, largest, multiple_of=multiple, most=most) == expected
+
+
+def test_a_candidate_is_pruned_only_by_a_proof():
+    # 64 samples of 1e12 FLOPs per step at a 100 TFLOP/s peak: at most 6400 samples/s.
+    assert upper_bound_samples_per_second(64, 1e12, 100e12) == pytest.approx(6400)
+    assert math.isinf(upper_bound_samples_per_second(64, None, 100e12))  # FLOPs unknown: never pruned
+    assert math.isinf(upper_bound_samples_per_second(64, 1e12, None))  # peak unknown (a CPU): never pruned
+
+
+def test_peaks_come_from_the_table_or_the_flag():
+    from jaxfit.tune.peaks import peak_flops
+
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16")[0] == pytest.approx(989.4e12)
+    assert peak_flops("NVIDIA H200", "float32")[0] == pytest.approx(494.7e12)
+    assert peak_flops("cpu", "float32")[0] is None
+    assert peak_flops("cpu", "float32", 2.0) == (2e12, "--peak-tflops")
