@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Benchmark ``jaxfit tune`` against the exhaustive grid of real runs it replaces, on a GPU.
+
+The grid is what the hand-made profilers did: every setting x every micro-batch that divides the
+global batch, each a fresh training process (``python -m jaxfit.tune.trial``: real state, the
+step jitted as the example jits it) under the fraction, timed by the same hook
+(``JAXFIT_MEASURE``), out-of-memory runs counted with their time. Then ``jaxfit tune`` on the same
+question, cold cache. Compared: the best samples/s of each, the wall times, out of memory in
+tune's own runs.
+
+Usage (on the GPU machine)::
+
+    python scripts/bench_tune.py run --out $OUT/tune --example gpt-small --global-batch 64 \\
+        --fraction 0.0706 --remat none,full --precision bfloat16
+    python scripts/bench_tune.py table benchmarks/results/h100/tune/raw.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def grid_run(example: str, sets: list[str], batch: int, fraction: float, warmup: int, steps: int) -> dict:
+    """One grid point: a fresh process, timed by the hook; its samples/s or how it failed."""
+    from jaxfit.fit.compiler import hooked_pythonpath
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-tune-"))
+    report = folder / "measure.json"
+    env = dict(
+        os.environ,
+        XLA_PYTHON_CLIENT_MEM_FRACTION=str(fraction),
+        PYTHONPATH=hooked_pythonpath(),
+        JAXFIT_MEASURE=f"{warmup},{steps}",
+        JAXFIT_MEASURE_REPORT=str(report),
+        JAXFIT_MEASURE_STEP_NAME="train_step",
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxfit.tune.trial",
+        "--example",
+        example,
+        *[f"--set={s}" for s in sets],
+        "--batch",
+        str(batch),
+    ]
+    start = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    wall = time.time() - start
+    out: dict = {"sets": sets, "batch": batch, "wall_s": round(wall, 2)}
+    if report.exists():
+        data = json.loads(report.read_text())
+        step = statistics.median(data["step_seconds"])
+        out.update(ok=True, step_seconds=step, samples_per_second=batch / step)
+    else:
+        text = proc.stdout + proc.stderr
+        out.update(ok=False, oom="RESOURCE_EXHAUSTED" in text, tail=text.strip().splitlines()[-1:])
+    return out
+
+
+def run_main(args: argparse.Namespace) -> int:
+    from jaxfit.tune.space import example_settings
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    record: dict = {
+        "example": args.example,
+        "global_batch": args.global_batch,
+        "fraction": args.fraction,
+        "remat": args.remat,
+        "precision": args.precision,
+    }
+    if not args.skip_tune:
+        with tempfile.TemporaryDirectory() as cache:
+            cmd = [
+                sys.executable,
+                "-m",
+                "jaxfit.cli",
+                "tune",
+                "--example",
+                args.example,
+                "--global-batch",
+                str(args.global_batch),
+                "--mem-fraction",
+                str(args.fraction),
+                "--remat",
+                args.remat,
+                "--precision",
+                args.precision,
+                "--warmup",
+                str(args.warmup),
+                "--steps",
+                str(args.steps),
+                "--json",
+                str(out / "tune.json"),
+                "--png",
+                str(out / "tune.png"),
+                "--quiet",
+            ]
+            start = time.time()
+            proc = subprocess.run(
+                cmd, env=dict(os.environ, JAXFIT_CACHE_DIR=cache), capture_output=True, text=True, timeout=3600
+            )
+            record["tune_wall_s"] = round(time.time() - start, 2)
+            log(proc.stdout[-3000:] + proc.stderr[-2000:])
+            if (out / "tune.json").exists():
+                record["tune"] = json.loads((out / "tune.json").read_text())
+    if not args.skip_grid:
+        grid = []
+        start = time.time()
+        for setting in example_settings(args.remat.split(","), args.precision.split(",")):
+            for micro in [m for m in range(args.global_batch, 0, -1) if args.global_batch % m == 0]:
+                accum = args.global_batch // micro
+                sets = [f"{k}={v}" for k, v in setting.overrides] + [f"grad_accum_steps={accum}"]
+                point = grid_run(args.example, sets, args.global_batch, args.fraction, args.warmup, args.steps)
+                point.update(setting=setting.name, micro_batch=micro, accum_steps=accum)
+                grid.append(point)
+                log(
+                    f"  grid {setting.name} {micro} x {accum}: "
+                    f"{'%.1f samples/s' % point['samples_per_second'] if point.get('ok') else 'OOM' if point.get('oom') else 'failed'}"
+                    f" ({point['wall_s']} s)"
+                )
+        record.update(grid=grid, grid_wall_s=round(time.time() - start, 2))
+    with (out / "raw.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    return 0
+
+
+def table_main(args: argparse.Namespace) -> int:
+    for line in Path(args.raw).read_text().splitlines():
+        r = json.loads(line)
+        grid = r.get("grid", [])
+        best_grid = max((g for g in grid if g.get("ok")), key=lambda g: g["samples_per_second"], default=None)
+        tune = r.get("tune") or {}
+        best = tune.get("best") or {}
+        rows = tune.get("rows", [])
+        print(
+            f"## {r['example']}, global batch {r['global_batch']}, fraction {r['fraction']}, remat {r['remat']}, "
+            f"precision {r['precision']}\n"
+        )
+        print("| | best setting | micro x accum | samples/s | wall s | runs | out of memory |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        if best_grid:
+            print(
+                f"| grid | {best_grid['setting']} | {best_grid['micro_batch']} x {best_grid['accum_steps']} "
+                f"| {best_grid['samples_per_second']:.1f} | {r.get('grid_wall_s')} | {len(grid)} "
+                f"| {sum(1 for g in grid if g.get('oom'))} |"
+            )
+        if best:
+            measured = [x for x in rows if x["status"] == "measured"]
+            print(
+                f"| tune | {best['setting']} | {best['micro_batch']} x {best['accum_steps']} "
+                f"| {best['samples_per_second']:.1f} | {r.get('tune_wall_s')} | {len(measured)} "
+                f"| {sum(1 for x in rows if x['status'] == 'out of memory')} |"
+            )
+        if best and best_grid:
+            print(
+                f"\ntune's winner reaches {best['samples_per_second'] / best_grid['samples_per_second']:.1%} of the "
+                f"grid's best; tune took {r['tune_wall_s'] / r['grid_wall_s']:.2f} of the grid's wall time"
+                + (f"; the winner's MFU {best['mfu']:.1%}" if best.get("mfu") is not None else "")
+            )
+        print()
+        for g in grid:
+            print(
+                f"- grid {g['setting']} {g['micro_batch']} x {g['accum_steps']}: "
+                + (
+                    f"{g['samples_per_second']:.1f} samples/s"
+                    if g.get("ok")
+                    else "out of memory"
+                    if g.get("oom")
+                    else "failed"
+                )
+                + f" ({g['wall_s']} s)"
+            )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run")
+    p.add_argument("--out", required=True)
+    p.add_argument("--example", default="gpt-small")
+    p.add_argument("--global-batch", type=int, default=64)
+    p.add_argument("--fraction", type=float, required=True)
+    p.add_argument("--remat", default="none,full")
+    p.add_argument("--precision", default="bfloat16")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--skip-tune", action="store_true")
+    p.add_argument("--skip-grid", action="store_true")
+    p = sub.add_parser("table")
+    p.add_argument("raw")
+    args = parser.parse_args()
+    return {"run": run_main, "table": table_main}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
