@@ -131,11 +131,14 @@ def run_main(args: argparse.Namespace) -> int:
                 point = grid_run(args.example, sets, args.global_batch, args.fraction, args.warmup, args.steps)
                 point.update(setting=setting.name, micro_batch=micro, accum_steps=accum)
                 grid.append(point)
-                log(
-                    f"  grid {setting.name} {micro} x {accum}: "
-                    f"{'%.1f samples/s' % point['samples_per_second'] if point.get('ok') else 'OOM' if point.get('oom') else 'failed'}"
-                    f" ({point['wall_s']} s)"
+                said = (
+                    f"{point['samples_per_second']:.1f} samples/s"
+                    if point.get("ok")
+                    else "OOM"
+                    if point.get("oom")
+                    else "failed"
                 )
+                log(f"  grid {setting.name} {micro} x {accum}: {said} ({point['wall_s']} s)")
         record.update(grid=grid, grid_wall_s=round(time.time() - start, 2))
     with (out / "raw.jsonl").open("a") as f:
         f.write(json.dumps(record) + "\n")
