@@ -226,7 +226,7 @@ def test_parse_overrides() -> None:
         "d_model": "512",
         "remat": "true",
     }
-    with pytest.raises(ConfigError, match="key=value"):
+    with pytest.raises(ConfigError, match="must look like KEY=VALUE"):
         examples.parse_overrides(["d_model"])
 
 

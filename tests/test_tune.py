@@ -43,6 +43,12 @@ def test_tune_of_an_example_measures_what_fits_and_ranks_it(tmp_path, run_cli):
     measured = [r for r in rows if r["status"] == "measured"]
     assert measured and all(r["fits"] and r["peak_bytes"] <= r["budget_bytes"] for r in measured)
     assert all(r["micro_batch"] * r["accum_steps"] == 8 for r in rows)
+    # An accumulated step does the work of all its micro-batches: XLA counts a loop body once, so
+    # its FLOPs come from plain steps; per sample they agree with the plain step's own count.
+    plain = [r for r in rows if r["fits"] and not r["remat"]]
+    assert len({r["accum_steps"] for r in plain}) == 2, plain
+    per_sample = [r["flops_per_step"] / r["global_batch"] for r in plain]
+    assert max(per_sample) < 1.25 * min(per_sample), plain
     assert result["best"]["samples_per_second"] == max(r["samples_per_second"] for r in measured)
     assert rows[0] == result["best"]  # ranked fastest first
     assert sum(c["bytes"] for c in result["breakdown"]) == result["best"]["peak_bytes"]

@@ -256,6 +256,26 @@ def _prove(
     return fit_batch(target.source(setting, accum, batch), exact, progress=progress)
 
 
+def _flops_per_step(micro: int, accum: int, fit: FitResult, largest: FitResult) -> float | None:
+    """FLOPs of one optimizer step of ``micro x accum``.
+
+    XLA's cost analysis counts the body of a loop once, so the compiled FLOPs of an accumulated
+    step (a scan over ``accum`` micro-batches) are those of one micro-batch. Without accumulation
+    the compiled count is the answer; with it, the count of a plain step at ``micro`` (compiled
+    while searching the largest micro-batch) times ``accum``, else the largest plain step's FLOPs
+    per sample times the global batch.
+    """
+    if accum == 1:
+        own = next((c.flops for c in fit.candidates if c.batch_size == micro and c.flops), None)
+        if own:
+            return own
+    plain = {c.batch_size: c.flops for c in largest.candidates if c.flops}
+    if micro in plain:
+        return plain[micro] * accum
+    widest = max(plain, default=None)
+    return plain[widest] / widest * micro * accum if widest else None
+
+
 def _rows_of_setting(
     target: Target, setting: Setting, options: FitOptions, tune: TuneOptions, progress: Progress | None
 ) -> tuple[list[Row], dict[tuple[int, int], FitResult]]:
@@ -284,10 +304,9 @@ def _rows_of_setting(
             row.status, row.note = "does not fit", str(err).split(";")[0]
             rows.append(row)
             continue
-        answer = next((c for c in fit.candidates if c.batch_size == fit.batch_size), None)
         batch_bytes = next((c["bytes"] for c in fit.breakdown if c["name"] == "batch"), None)
         row.peak_bytes, row.budget_bytes, row.fits = fit.peak_bytes, fit.budget_bytes, True
-        row.flops_per_step = answer.flops if answer else None
+        row.flops_per_step = _flops_per_step(micro, accum, fit, largest)
         row.bytes_per_sample = batch_bytes // row.global_batch if batch_bytes else None
         row.pin = fit.pin["path"] if fit.pin else None
         rows.append(row)
