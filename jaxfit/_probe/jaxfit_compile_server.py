@@ -163,6 +163,53 @@ def tree_bytes(tree: Any) -> int:
     return total
 
 
+def shard_bytes(tree: Any) -> int:
+    """Bytes of the array leaves of ``tree`` held by one device: a leaf sharded over a mesh counts
+    its shard (``sharding.shard_shape``), any other leaf its whole size."""
+    import numpy as np
+
+    import jax
+
+    total = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            continue
+        shape = tuple(x.shape)
+        sharding = getattr(x, "sharding", None)
+        try:
+            if sharding is not None:
+                shape = tuple(sharding.shard_shape(shape))
+        except Exception:  # a sharding without shard_shape: count the whole array
+            pass
+        size = 1
+        for d in shape:
+            size *= int(d)
+        itemsize = getattr(x.dtype, "itemsize", None)
+        total += size * (itemsize if isinstance(itemsize, int) else np.dtype(x.dtype).itemsize)
+    return total
+
+
+def mesh_of(tree: Any) -> "Dict[str, int]":
+    """``{axis: size}`` of the largest device mesh any leaf of ``tree`` is sharded over (``{}``:
+    none, e.g. arrays on one device)."""
+    import jax
+
+    best: "Dict[str, int]" = {}
+    best_size = 1
+    for x in jax.tree_util.tree_leaves(tree):
+        mesh = getattr(getattr(x, "sharding", None), "mesh", None)
+        shape = getattr(mesh, "shape", None)
+        if not shape:
+            continue
+        axes = {str(k): int(v) for k, v in dict(shape).items()}
+        size = 1
+        for v in axes.values():
+            size *= v
+        if size > best_size:
+            best, best_size = axes, size
+    return best
+
+
 def _children(node: Any) -> "Optional[list[tuple[str, Any]]]":
     """The named top-level children of a container (dict keys, dataclass or namedtuple fields,
     tuple and list indices), or None for a leaf or another pytree node."""
@@ -185,25 +232,27 @@ def describe_arguments(
     batch_index: Optional[int],
     field_names: "Optional[Dict[str, list[str]]]" = None,
 ) -> "list[list[Any]]":
-    """``[[component, bytes], ...]``: the step's arguments by name, the batch as ``batch``, and the
-    state's top-level fields (``state.params``, ``state.opt_state``...) so a breakdown can tell
-    parameters from optimizer state. ``field_names`` names the fields of tuple arguments."""
+    """``[[component, bytes, whole_bytes], ...]``: the step's arguments by name, the batch as
+    ``batch``, and the state's top-level fields (``state.params``, ``state.opt_state``...) so a
+    breakdown can tell parameters from optimizer state. ``bytes`` is what one device holds (the
+    memory analysis is per device), ``whole_bytes`` the unsharded size (what each device would hold
+    replicated). ``field_names`` names the fields of tuple arguments."""
     out: "list[list[Any]]" = []
     for i, arg in enumerate(args):
         name = names[i] if i < len(names) else "arg%d" % i
         if i == batch_index:
-            out.append(["batch", tree_bytes(arg)])
+            out.append(["batch", shard_bytes(arg), tree_bytes(arg)])
             continue
         children = _children(arg)
         if children is None or tree_bytes(arg) == 0:
-            out.append([name, tree_bytes(arg)])
+            out.append([name, shard_bytes(arg), tree_bytes(arg)])
             continue
         labels = (field_names or {}).get(name)
         for k, (field, value) in enumerate(children):
             size = tree_bytes(value)
             if size:
                 label = labels[k] if labels and k < len(labels) else field
-                out.append(["%s.%s" % (name, label), size])
+                out.append(["%s.%s" % (name, label), shard_bytes(value), size])
     return out
 
 

@@ -17,6 +17,8 @@ import tyro
 from rich.console import Console
 
 from jaxfit.errors import JaxfitError
+from jaxfit.fit.mesh import MIN_SHARD_BYTES, MeshSpec
+from jaxfit.fit.options import Size
 
 if TYPE_CHECKING:
     from jaxfit.cli.output import ProgressPrinter
@@ -69,6 +71,28 @@ class ScriptArgs:
             probe_args=list(self.probe_args),
             accum_flag=self.accum_flag,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshArgs:
+    """On how many devices a built-in example or --entry step runs (a script brings its own mesh).
+
+    Attributes:
+      devices: Devices of the (batch, fsdp) mesh: the batch is split over all of them, so the
+        answer is a multiple of this. On a machine with fewer GPUs the step is compiled for a
+        mocked topology of this many (never run); on a CPU-only machine, as host devices.
+      fsdp: Devices each parameter and optimizer-state array is sharded over (openpi's
+        --fsdp-devices); it must divide --devices. 1: data parallel, everything replicated.
+      fsdp_min_size: Arrays smaller than this stay replicated under FSDP (openpi: 4MiB).
+    """
+
+    devices: int = 1
+    fsdp: int = 1
+    fsdp_min_size: Annotated[Size, tyro.conf.arg(name="fsdp-min-size")] = MIN_SHARD_BYTES
+
+    def spec(self) -> MeshSpec:
+        """The mesh, checked (one-line errors)."""
+        return MeshSpec(self.devices, self.fsdp, self.fsdp_min_size).validate()
 
 
 def consoles(quiet: bool) -> tuple[Console, ProgressPrinter | None]:

@@ -7,7 +7,7 @@ from typing import Annotated
 import tyro
 from rich.console import Console
 
-from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, WandbMode, app, consoles, parsed
+from jaxfit.cli.app import COMMAND, Flat, MeshArgs, ScriptArgs, WandbMode, app, consoles, parsed
 from jaxfit.errors import JaxfitError
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.sources import Source
@@ -17,6 +17,7 @@ from jaxfit.fit.sources import Source
 def fit_command(
     options: Annotated[FitOptions, Flat] = FitOptions(),
     probe: Annotated[ScriptArgs, Flat] = ScriptArgs(),
+    devices: Annotated[MeshArgs, Flat] = MeshArgs(),
     example: str | None = None,
     overrides: Annotated[tuple[str, ...], tyro.conf.arg(name="set"), tyro.conf.UseAppendAction] = (),
     entry: str | None = None,
@@ -39,6 +40,7 @@ def fit_command(
     Args:
         options: How to fit.
         probe: With --script: how to find the train step.
+        devices: With --example or --entry: the devices and the FSDP size of the step's mesh; every byte count is then per device.
         example: Built-in example to fit (see `jaxfit examples`); default gpt-tiny.
         overrides: Override a config key of the example, KEY=VALUE; repeatable (--set n_layers=6 --set dtype=bfloat16).
         entry: Your own workload: package.module:function returning a jaxfit.Workload (imported from the current directory).
@@ -65,15 +67,21 @@ def fit_command(
         raise JaxfitError("--set applies to built-in examples only; configure an --entry in its own code")
     if json:
         check_writable(json)
+    mesh = devices.spec()
     source: Source
     if script:
+        if mesh.sharded:
+            raise JaxfitError(
+                "--devices/--fsdp apply to --example and --entry; a script fits on its own mesh "
+                "(scripts/train.py: --fsdp-devices; the devices it sees: CUDA_VISIBLE_DEVICES)"
+            )
         source = probe.source()
     elif entry:
-        source = entry_source(entry)
+        source = entry_source(entry, mesh=mesh)
     else:
         from jaxfit.examples import DEFAULT_EXAMPLE, parse_overrides
 
-        source = example_source(example or DEFAULT_EXAMPLE, parse_overrides(overrides))
+        source = example_source(example or DEFAULT_EXAMPLE, parse_overrides(overrides), mesh)
     options.validate()
     if batch_size is None:
         options.grid()

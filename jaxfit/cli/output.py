@@ -12,10 +12,20 @@ from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.results import FitResult
 
 
+def where(result: FitResult) -> str:
+    """``cpu``, ``NVIDIA H100 80GB HBM3``, or ``4 x cpu, mesh batch 2 x fsdp 2 (per device)``."""
+    kind = str(result.device.get("device_kind", "?"))
+    if result.device_count <= 1:
+        return kind
+    mesh = " x ".join(f"{axis} {size}" for axis, size in result.mesh.items())
+    mock = ", mocked topology" if result.device.get("topology") == "mock" else ""
+    return f"{result.device_count} x {kind}{mock}" + (f", mesh {mesh}" if mesh else "") + " (bytes per device)"
+
+
 def result_table(result: FitResult) -> Table:
     """The candidates of a fit as a rich table."""
     fraction_mode = result.mode == "fraction"
-    title = f"{result.workload.get('name', 'workload')} on {result.device.get('device_kind', '?')}"
+    title = f"{result.workload.get('name', 'workload')} on {where(result)}"
     table = Table(title=title, title_justify="left")
     if fraction_mode:
         table.add_column("fraction", justify="right")
@@ -48,21 +58,26 @@ def result_table(result: FitResult) -> Table:
 
 def breakdown_table(result: FitResult) -> Table:
     """The peak of the answer by component (``--breakdown``): exact bytes, and the estimates marked."""
-    table = Table(title=f"peak at batch {result.batch_size}, by component", title_justify="left")
-    for column, justify in (
-        ("component", "left"),
-        ("category", "left"),
-        ("bytes", "right"),
-        ("share", "right"),
-        ("", "left"),
-    ):
+    sharded = result.device_count > 1
+    title = f"peak at batch {result.batch_size}, by component" + (
+        f", per device of {result.device_count}" if sharded else ""
+    )
+    table = Table(title=title, title_justify="left")
+    columns = [("component", "left"), ("category", "left"), ("bytes", "right")]
+    if sharded:
+        columns.append(("replicated", "right"))  # what one device would hold without sharding
+    columns += [("share", "right"), ("", "left")]
+    for column, justify in columns:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for c in result.breakdown:
         share = c["bytes"] / result.peak_bytes if result.peak_bytes else 0.0
-        table.add_row(
-            c["name"], c["category"], format_bytes(c["bytes"]), f"{share:.1%}", "" if c["exact"] else "estimate"
-        )
-    table.add_row("peak", "", format_bytes(result.peak_bytes), "100.0%", "", style="bold")
+        row = [c["name"], c["category"], format_bytes(c["bytes"])]
+        if sharded:
+            whole = c.get("whole_bytes")
+            row.append(format_bytes(whole) if whole is not None else "")
+        row += [f"{share:.1%}", "" if c["exact"] else "estimate"]
+        table.add_row(*row)
+    table.add_row("peak", "", format_bytes(result.peak_bytes), *([""] if sharded else []), "100.0%", "", style="bold")
     return table
 
 

@@ -22,6 +22,7 @@ from jaxfit.fit.common import (
     cleaning_probe_leftovers,
     default_width,
     device_dict,
+    mesh_facts,
     note_found_step,
     notify,
     raise_compile_error,
@@ -194,14 +195,15 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                 f"--headroom {budget_mod.format_bytes(options.headroom_bytes)} leaves no budget out of "
                 f"{budget_mod.format_bytes(limit)}; lower it or raise --mem-fraction"
             )
-        if isinstance(source, ScriptSource) and grid.step % info.device_count:
-            # The script shards its batch over every device: only multiples of the count can run.
-            step = math.lcm(grid.step, info.device_count)
+        device_count, mesh = mesh_facts(child.workload_info, info)
+        if grid.step % device_count:
+            # The batch is split over every device of the mesh: only multiples of the count can run.
+            step = math.lcm(grid.step, device_count)
             grid = Grid(grid.low, grid.high, step)
             notify(
                 progress,
                 "note",
-                text=f"batch sizes are multiples of {step}: the script shards over {info.device_count} devices",
+                text=f"batch sizes are multiples of {step}: the batch is split over {device_count} devices",
             )
         note_found_step(progress, child.workload_info)
         width = options.width or default_width(info)
@@ -284,6 +286,8 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         pin=pin.to_dict() if pin else None,
         pin_note=pin_note,
         breakdown=[c.to_dict() for c in breakdown(final, rounds.latest[answer].components)],
+        device_count=device_count,
+        mesh=mesh,
     )
     store_answer(options, key, result)
     notify(progress, "done", result=result)

@@ -6,6 +6,9 @@ a step counter, a random key) and the batch. What the peak holds beyond its argu
 gradients, the activations, the workspace, and outputs that do not reuse a donated input) is exact
 as a total, but XLA does not say how it splits: the gradients are estimated as one copy of the
 parameters, the rest is activations and workspace. The entries add up to the peak.
+
+On a mesh the analysis is per device, and so is every entry: an argument counts the shard one
+device holds, and ``whole_bytes`` says what it would hold replicated (what FSDP divides).
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ class Component:
       bytes: Its bytes.
       exact: Whether the bytes are exact (argument shapes; the total beyond the arguments) or an
         estimate (the split of that total into gradients and the rest).
+      whole_bytes: For an argument, its unsharded size (equal to ``bytes`` on one device or when
+        replicated); ``None`` for what lies beyond the arguments.
     """
 
     name: str
     category: Category
     bytes: int
     exact: bool
+    whole_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -56,8 +62,9 @@ def _category(name: str) -> Category:
     return "other state"
 
 
-def breakdown(memory: MemoryReport, arguments: Sequence[tuple[str, int]]) -> list[Component]:
-    """The peak of ``memory`` by component, from the named argument sizes of the same compile.
+def breakdown(memory: MemoryReport, arguments: Sequence[tuple[str, int] | tuple[str, int, int]]) -> list[Component]:
+    """The peak of ``memory`` by component, from the named argument sizes of the same compile
+    (``(name, bytes)`` or ``(name, bytes on one device, unsharded bytes)``).
 
     Returns:
       The components, adding up to ``memory.peak_bytes``; empty when the arguments are unknown
@@ -65,15 +72,15 @@ def breakdown(memory: MemoryReport, arguments: Sequence[tuple[str, int]]) -> lis
       the step never reads (``del rng``) is not in the compiled program (jax prunes it): when the
       names count exactly one such argument too many, it is left out.
     """
-    named = list(arguments)
-    extra = sum(b for _, b in named) - memory.argument_bytes
+    named = [(a[0], a[1], a[2] if len(a) > 2 else a[1]) for a in arguments]
+    extra = sum(b for _, b, _ in named) - memory.argument_bytes
     if extra > 0:
-        unused = [i for i, (_, b) in enumerate(named) if b == extra]
+        unused = [i for i, (_, b, _) in enumerate(named) if b == extra]
         if unused:
             del named[unused[-1]]
-    if not named or sum(b for _, b in named) != memory.argument_bytes:
+    if not named or sum(b for _, b, _ in named) != memory.argument_bytes:
         return []
-    parts = [Component(name, _category(name), size, True) for name, size in named]
+    parts = [Component(name, _category(name), size, True, whole) for name, size, whole in named]
     beyond = memory.peak_bytes - memory.argument_bytes
     params = sum(c.bytes for c in parts if c.category == "parameters")
     gradients = min(params, max(0, beyond))

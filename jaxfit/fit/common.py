@@ -4,6 +4,7 @@ share: progress events, the device description, compile errors, and the cleaning
 from __future__ import annotations
 
 import dataclasses
+import math
 import functools
 import os
 from collections.abc import Callable, Mapping
@@ -42,6 +43,17 @@ def device_dict(info: DeviceInfo, total_bytes: int) -> dict[str, Any]:
     d = dataclasses.asdict(info)
     d["total_bytes"] = total_bytes
     return d
+
+
+def mesh_facts(workload: Mapping[str, Any], info: DeviceInfo) -> tuple[int, dict[str, int]]:
+    """``(device_count, mesh)`` of the step: from its mesh (examples and entries on ``--devices``,
+    a script's own mesh), else one device, or every device the child sees for a script that
+    places its arguments on none in particular."""
+    description = workload.get("description", {})
+    mesh = {str(k): int(v) for k, v in (description.get("mesh") or {}).items()}
+    if mesh:
+        return int(description.get("device_count") or math.prod(mesh.values())), mesh
+    return (info.device_count if "script" in description else 1), {}
 
 
 def raise_compile_error(outcome: CompileOutcome) -> None:

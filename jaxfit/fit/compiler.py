@@ -27,7 +27,11 @@ from jaxfit.fit.sources import ScriptSource, Source, to_json
 
 @dataclasses.dataclass(frozen=True)
 class DeviceInfo:
-    """What the compile child found: the device and the allocator limit under its fraction."""
+    """What the compile child found: the device and the allocator limit under its fraction.
+
+    ``device_count`` is every device the child sees; ``topology`` says where the devices of a
+    mesh came from (:data:`jaxfit.fit.mesh.Topology`: ``mock`` programs compile but cannot run).
+    """
 
     platform: str
     device_kind: str
@@ -36,10 +40,11 @@ class DeviceInfo:
     limit_sensitive: bool
     host_memory_bytes: int
     jax_version: str
+    topology: str = "real"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DeviceInfo:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +59,9 @@ class CompileOutcome:
       oom: The compile itself ran out of memory (the step does not fit).
       error: The failure message when the compile failed for another reason.
       autotuned: Whether GPU autotuning was on for this compile.
-      components: The step's arguments by name and their bytes (``[[name, bytes], ...]``), for the
-        memory breakdown (:mod:`jaxfit.fit.breakdown`).
+      components: The step's arguments by name, the bytes one device holds of each and their
+        unsharded bytes (``((name, bytes, whole_bytes), ...)``), for the memory breakdown
+        (:mod:`jaxfit.fit.breakdown`).
     """
 
     batch_size: int
@@ -65,7 +71,7 @@ class CompileOutcome:
     oom: bool = False
     error: str | None = None
     autotuned: bool = True
-    components: tuple[tuple[str, int], ...] = ()
+    components: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,7 +415,9 @@ class CompileChild:
                 oom=bool(reply.get("oom")),
                 error=None if reply.get("ok") else reply.get("error"),
                 autotuned=autotune and bool(self.info is not None and self.info.limit_sensitive),
-                components=tuple((str(n), int(b)) for n, b in reply.get("components") or ()),
+                components=tuple(
+                    (str(c[0]), int(c[1]), int(c[2] if len(c) > 2 else c[1])) for c in reply.get("components") or ()
+                ),
             )
             results[outcome.batch_size] = outcome
             if on_result:

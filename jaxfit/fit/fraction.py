@@ -21,6 +21,7 @@ from jaxfit.fit.common import (
     Progress,
     cleaning_probe_leftovers,
     device_dict,
+    mesh_facts,
     note_found_step,
     notify,
     raise_compile_error,
@@ -78,6 +79,12 @@ def fit_fraction(
             raise ConfigError(
                 f"--device-memory {budget_mod.format_bytes(total)} is larger than this GPU's "
                 f"{budget_mod.format_bytes(gpu_total)}; plan on a larger GPU"
+            )
+        device_count, mesh = mesh_facts(child.workload_info, info)
+        if batch_size % device_count:
+            raise ConfigError(
+                f"--batch-size {batch_size} does not split over the {device_count} devices of the mesh; "
+                f"use a multiple of {device_count}"
             )
         notify(progress, "start", device=info, limit=total, budget=total - options.headroom_bytes, width=1)
         notify(progress, "round", round=1, batches=[batch_size])
@@ -228,6 +235,8 @@ def fit_fraction(
         pin=pin.to_dict() if pin else None,
         pin_note=pin_note,
         breakdown=[c.to_dict() for c in breakdown(answered.memory, answered.components)] if answered.memory else [],
+        device_count=device_count,
+        mesh=mesh,
     )
     store_answer(options, key, result)
     notify(progress, "done", result=result)

@@ -162,6 +162,8 @@ def pin_answer(
       ``(pin, note)``: the pin (None when it could not be made) and a one-line note for people
       (why it is not pinned, or that the pinned program had to be compiled again), or None.
     """
+    if info.topology == "mock":
+        return None, "not pinned: compiled for a mocked topology of GPUs this machine does not have"
     step_name = str(child.workload_info.get("description", {}).get("step_name") or "")
     if not step_name:
         return None, "not pinned: the step's function name is unknown"

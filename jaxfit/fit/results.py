@@ -90,6 +90,8 @@ class FitResult:
       breakdown: The peak by component (:mod:`jaxfit.fit.breakdown`): parameters, optimizer
         state, other state, batch, gradients, activations and workspace, adding up to
         ``peak_bytes``; empty when the arguments are not known.
+      device_count: Devices the step runs on (its mesh); every byte count above is per device.
+      mesh: The step's mesh, ``{axis: size}`` (``{"batch": 2, "fsdp": 2}``); empty for one device.
     """
 
     mode: FitMode
@@ -115,6 +117,8 @@ class FitResult:
     pin: dict[str, Any] | None = None
     pin_note: str | None = None
     breakdown: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    device_count: int = 1
+    mesh: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def pinned(self) -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from jaxfit.errors import ConfigError, WorkloadError
+from jaxfit.fit.mesh import MeshSpec, shard_workload
 from jaxfit.fit.workload import Workload
 
 DEFAULT_BATCH_FLAG = "--batch-size"
@@ -27,10 +28,12 @@ DEFAULT_ACCUM_FLAG = "--grad-accum-steps"
 
 @dataclasses.dataclass(frozen=True)
 class ExampleSource:
-    """A built-in example (``configs/*.yaml``), with config overrides (``--set KEY=VALUE``)."""
+    """A built-in example (``configs/*.yaml``), with config overrides (``--set KEY=VALUE``), on the
+    devices of ``mesh`` (default one)."""
 
     name: str
     overrides: tuple[tuple[str, str], ...] = ()
+    mesh: MeshSpec = MeshSpec()
     kind: ClassVar[Literal["example"]] = "example"
 
     def identity(self) -> dict[str, Any]:
@@ -41,21 +44,23 @@ class ExampleSource:
         for file in sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py")):
             code.update(file.read_bytes())
         config = load_config(self.name, dict(self.overrides))
-        return {"kind": self.kind, "config": repr(config), "code": code.hexdigest()}
+        identity = {"kind": self.kind, "config": repr(config), "code": code.hexdigest()}
+        return _with_mesh(identity, self.mesh)
 
     def build(self) -> Workload:
         from jaxfit.examples import build_workload
 
-        return build_workload(self.name, dict(self.overrides))
+        return shard_workload(build_workload(self.name, dict(self.overrides)), self.mesh)
 
 
 @dataclasses.dataclass(frozen=True)
 class EntrySource:
     """A user factory ``package.module:function`` that returns a :class:`Workload`, imported from
-    ``path`` (the working folder)."""
+    ``path`` (the working folder), on the devices of ``mesh`` (default one)."""
 
     entry: str
     path: str
+    mesh: MeshSpec = MeshSpec()
     kind: ClassVar[Literal["entry"]] = "entry"
 
     def identity(self) -> dict[str, Any] | None:
@@ -78,7 +83,7 @@ class EntrySource:
         if spec is None or not spec.origin or not os.path.isfile(spec.origin):
             return None
         digest = hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
-        return {"kind": self.kind, "entry": self.entry, "file": spec.origin, "code": digest}
+        return _with_mesh({"kind": self.kind, "entry": self.entry, "file": spec.origin, "code": digest}, self.mesh)
 
     def build(self) -> Workload:
         module_name, _, func_name = self.entry.partition(":")
@@ -104,7 +109,14 @@ class EntrySource:
                 f"--entry {self.entry}: the factory returned {type(workload).__name__}, not a jaxfit.Workload; "
                 "return jaxfit.Workload(...) or jaxfit.from_state(...)"
             )
-        return workload
+        return shard_workload(workload, self.mesh)
+
+
+def _with_mesh(identity: dict[str, Any], mesh: MeshSpec) -> dict[str, Any]:
+    """``identity`` with the mesh when it is more than one device (keys of one device unchanged)."""
+    if mesh.sharded:
+        identity["mesh"] = dataclasses.asdict(mesh)
+    return identity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,34 +183,49 @@ def from_json(text: str) -> Source:
     if cls is None:
         raise ConfigError(f"not a workload source: {text[:200]}")
     fields = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+    if isinstance(fields.get("mesh"), dict):
+        fields["mesh"] = MeshSpec(**fields["mesh"])
     for name in ("overrides", "command", "run_command"):
         if name in fields:
             fields[name] = tuple(tuple(x) if isinstance(x, list) else x for x in fields[name])
     return cls(**fields)
 
 
-def example_source(name: str, overrides: dict[str, str] | None = None) -> ExampleSource:
+def example_source(
+    name: str, overrides: dict[str, str] | None = None, mesh: MeshSpec | None = None
+) -> ExampleSource:
     """The source of a built-in example (validated now, so bad names fail before any child starts).
 
+    Args:
+      name: The example's name or YAML file.
+      overrides: Config overrides.
+      mesh: The devices to fit it on (default one; see :mod:`jaxfit.fit.mesh`).
+
     Raises:
-      ConfigError: an unknown example or config key (one line).
+      ConfigError: an unknown example or config key, or a bad mesh (one line).
     """
     from jaxfit.examples import load_config
 
     load_config(name, overrides)
-    return ExampleSource(name, tuple((overrides or {}).items()))
+    return ExampleSource(name, tuple((overrides or {}).items()), (mesh or MeshSpec()).validate())
 
 
-def entry_source(entry: str, path: str | None = None) -> EntrySource:
+def entry_source(entry: str, path: str | None = None, mesh: MeshSpec | None = None) -> EntrySource:
     """The source of a user factory ``package.module:function`` that returns a :class:`Workload`.
 
+    Args:
+      entry: ``package.module:function``.
+      path: The folder it is imported from (default the current one).
+      mesh: The devices to fit it on (default one): the batch argument is split over all of
+        them and the other arguments sharded FSDP-style (:func:`jaxfit.fit.mesh.shard_workload`).
+
     Raises:
-      ConfigError: ``entry`` does not look like ``package.module:function``.
+      ConfigError: ``entry`` does not look like ``package.module:function``, or a bad mesh.
     """
     module, sep, func = entry.partition(":")
     if not sep or not module or not func.isidentifier():
         raise ConfigError(f"--entry {entry!r} must look like package.module:function")
-    return EntrySource(entry, path or os.getcwd())
+    return EntrySource(entry, path or os.getcwd(), (mesh or MeshSpec()).validate())
 
 
 def script_source(

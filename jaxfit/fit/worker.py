@@ -12,19 +12,35 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 
 from jaxfit._probe import jaxfit_compile_server as server_mod
 
 SOURCE_ENV = "JAXFIT_WORKLOAD_SOURCE"
 
 
+def _product(values: "Iterable[int]") -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
 def main() -> int:
     requests, replies = server_mod.open_channels()
     try:
+        from jaxfit.fit.mesh import MeshSpec, prepare_devices
         from jaxfit.fit.sources import build_workload, from_json
 
-        workload = build_workload(from_json(os.environ[SOURCE_ENV]))
+        source = from_json(os.environ[SOURCE_ENV])
+        mesh = getattr(source, "mesh", None) or MeshSpec()
+        topology = prepare_devices(mesh.devices)  # before JAX starts its backend
+        workload = build_workload(source)
         description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))
+        if "mesh" not in description:  # a workload that brings its own shardings
+            own = server_mod.mesh_of(workload.abstract_args(max(1, mesh.devices)))
+            if own:
+                description.update(mesh=own, device_count=_product(own.values()))
 
         def components(batch: int) -> list:
             args = workload.abstract_args(batch)
@@ -40,6 +56,7 @@ def main() -> int:
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
             components=components,
         )
+        server.info.update(topology=topology, mesh_devices=mesh.devices)
     except Exception as e:
         from jaxfit.errors import JaxfitError
 
