@@ -166,9 +166,8 @@ def tree_bytes(tree: Any) -> int:
 def shard_bytes(tree: Any) -> int:
     """Bytes of the array leaves of ``tree`` held by one device: a leaf sharded over a mesh counts
     its shard (``sharding.shard_shape``), any other leaf its whole size."""
-    import numpy as np
-
     import jax
+    import numpy as np
 
     total = 0
     for x in jax.tree_util.tree_leaves(tree):

@@ -32,7 +32,7 @@ from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
 from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
 from jaxfit.fit.search import Grid, SearchResult, prove, search
-from jaxfit.fit.sources import ScriptSource, Source
+from jaxfit.fit.sources import Source
 
 
 class _Rounds:

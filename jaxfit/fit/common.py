@@ -4,8 +4,8 @@ share: progress events, the device description, compile errors, and the cleaning
 from __future__ import annotations
 
 import dataclasses
-import math
 import functools
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any

@@ -102,9 +102,7 @@ def make_mesh(spec: MeshSpec, devices: Sequence[Any] | None = None) -> jax.shard
 
     available = list(jax.devices() if devices is None else devices)
     if len(available) < spec.devices:
-        raise ConfigError(
-            f"--devices {spec.devices} needs {spec.devices} devices; this process sees {len(available)}"
-        )
+        raise ConfigError(f"--devices {spec.devices} needs {spec.devices} devices; this process sees {len(available)}")
     grid = np.array(available[: spec.devices]).reshape(spec.batch, spec.fsdp)
     return jax.sharding.Mesh(grid, (BATCH_AXIS, FSDP_AXIS))
 
@@ -205,7 +203,7 @@ def shard_workload(workload: Workload, spec: MeshSpec) -> Workload:
     arg_structures = [jax.tree_util.tree_structure(a) for a in probe_args]
 
     def place_output(out: Any) -> Any:
-        structure = jax.tree_util.tree_structure(out)
+        structure: Any = jax.tree_util.tree_structure(out)
         for i, known in enumerate(arg_structures):
             if i != workload.batch_argnum % len(probe_args) and known == structure:
                 return arg_shardings[i]
@@ -217,7 +215,9 @@ def shard_workload(workload: Workload, spec: MeshSpec) -> Workload:
         out_shardings = place_output(outputs)
     description = dict(workload.description, mesh=spec.axes(), device_count=spec.devices)
     # The input shardings travel on the abstract arguments themselves (jit takes them from there).
-    return dataclasses.replace(workload, abstract_args=abstract_args, out_shardings=out_shardings, description=description)
+    return dataclasses.replace(
+        workload, abstract_args=abstract_args, out_shardings=out_shardings, description=description
+    )
 
 
 Topology = Literal["real", "host", "mock"]

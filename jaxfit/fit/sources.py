@@ -33,7 +33,7 @@ class ExampleSource:
 
     name: str
     overrides: tuple[tuple[str, str], ...] = ()
-    mesh: MeshSpec = MeshSpec()
+    mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
     kind: ClassVar[Literal["example"]] = "example"
 
     def identity(self) -> dict[str, Any]:
@@ -60,7 +60,7 @@ class EntrySource:
 
     entry: str
     path: str
-    mesh: MeshSpec = MeshSpec()
+    mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
     kind: ClassVar[Literal["entry"]] = "entry"
 
     def identity(self) -> dict[str, Any] | None:
@@ -191,9 +191,7 @@ def from_json(text: str) -> Source:
     return cls(**fields)
 
 
-def example_source(
-    name: str, overrides: dict[str, str] | None = None, mesh: MeshSpec | None = None
-) -> ExampleSource:
+def example_source(name: str, overrides: dict[str, str] | None = None, mesh: MeshSpec | None = None) -> ExampleSource:
     """The source of a built-in example (validated now, so bad names fail before any child starts).
 
     Args:

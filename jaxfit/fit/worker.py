@@ -19,7 +19,7 @@ from jaxfit._probe import jaxfit_compile_server as server_mod
 SOURCE_ENV = "JAXFIT_WORKLOAD_SOURCE"
 
 
-def _product(values: "Iterable[int]") -> int:
+def _product(values: Iterable[int]) -> int:
     out = 1
     for v in values:
         out *= v
