@@ -44,17 +44,14 @@ import optax
 import orbax.checkpoint as ocp
 import tyro
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from jaxfit import examples
 from jaxfit.errors import ConfigError
+from jaxfit.fit import mesh as meshes
 
 Batch = dict[str, jax.Array]
 """A training batch: the dict of arrays from :func:`jaxfit.examples.synthetic_batch`."""
-
-BATCH_AXIS = "batch"
-"""The name of the mesh axis the batch is sharded over."""
 
 WANDB_ID_FILE = "wandb_id.txt"
 """File in the checkpoint directory holding the WandB run id, so ``--resume`` continues that run."""
@@ -88,8 +85,12 @@ class TrainConfig:
       resume: Continue from the latest checkpoint in an existing checkpoint directory.
       wandb_enabled: Log to WandB (the mode, e.g. offline, comes from ``WANDB_MODE``).
       project_name: The WandB project.
-      fsdp_devices: Devices to shard parameters over; only 1 (data parallel, parameters
-        replicated) is supported by this script.
+      fsdp_devices: Devices each parameter and optimizer-state array is sharded over (openpi's
+        FSDP): the mesh is ``(batch, fsdp)`` = ``(devices / fsdp_devices, fsdp_devices)``, every
+        array of at least ``fsdp_min_bytes`` is split along its largest axis that
+        ``fsdp_devices`` divides, smaller ones are replicated; 1: data parallel, all replicated.
+        The batch is split over every device either way.
+      fsdp_min_bytes: Arrays smaller than this stay replicated under FSDP (openpi: 4 MiB).
       remat: Rematerialisation, overriding the model's: ``none``, ``full`` (save nothing),
         ``dots`` (save matrix products) or ``dots_no_batch`` (save those without a batch
         dimension); unset: the model config's.
@@ -114,6 +115,7 @@ class TrainConfig:
     wandb_enabled: bool = True
     project_name: str = "jaxfit"
     fsdp_devices: int = 1
+    fsdp_min_bytes: int = meshes.MIN_SHARD_BYTES
     remat: Literal["none", "full", "dots", "dots_no_batch"] | None = None
     precision: Literal["float32", "bfloat16"] | None = None
     seed: int = 42
@@ -284,11 +286,22 @@ def init_train_state(config: TrainConfig, rng: jax.Array) -> TrainState:
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
 
-def abstract_train_state(config: TrainConfig, sharding: jax.sharding.Sharding) -> TrainState:
-    """The train state's shapes and dtypes, every leaf placed with ``sharding``: nothing allocated."""
+def abstract_train_state(config: TrainConfig, shardings: Any = None) -> TrainState:
+    """The train state's shapes and dtypes, each leaf placed with its sharding in ``shardings`` (a
+    tree like the state, or one sharding for all; ``None``: unplaced): nothing allocated."""
     _, (params, opt_state) = examples.abstract_state(model_config(config))
     state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state)
-    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), state)
+    if shardings is None:
+        return state
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: shardings, state)
+    return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), state, shardings)
+
+
+def state_shardings(config: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
+    """Where each array of the train state lives (openpi's ``fsdp_sharding``): split along the
+    fsdp axis, or replicated when small (:func:`jaxfit.fit.mesh.fsdp_sharding`)."""
+    return meshes.fsdp_sharding(abstract_train_state(config), mesh, config.fsdp_min_bytes)
 
 
 def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
@@ -494,7 +507,7 @@ def validate(config: TrainConfig) -> examples.ModelConfig:
 
     Raises:
       UsageError: A non-positive size, a batch that does not split over the devices and the
-        micro-batches, an unsupported ``fsdp_devices`` or a bad model config.
+        micro-batches, an ``fsdp_devices`` that does not divide the devices or a bad model config.
     """
     for field in ("batch_size", "grad_accum_steps", "num_train_steps", "log_interval", "save_interval"):
         if getattr(config, field) < 1:
@@ -503,14 +516,16 @@ def validate(config: TrainConfig) -> examples.ModelConfig:
         raise UsageError(f"--keep-period={config.keep_period} must be 1 or more (or None)")
     if not config.exp_name or Path(config.exp_name).name != config.exp_name:
         raise UsageError(f"--exp-name={config.exp_name!r} must be a non-empty name without path separators")
-    if config.fsdp_devices != 1:
-        raise UsageError(
-            f"--fsdp-devices={config.fsdp_devices} is not supported: this script replicates the "
-            "parameters over a 1-D batch mesh; use --fsdp-devices=1"
-        )
     if config.overwrite and config.resume:
         raise UsageError("--overwrite and --resume contradict each other; pass one of them")
     devices = jax.device_count()
+    if config.fsdp_devices < 1 or devices % config.fsdp_devices:
+        choices = ", ".join(str(d) for d in meshes.divisors(devices))
+        raise UsageError(
+            f"--fsdp-devices={config.fsdp_devices} does not divide the {devices} devices; use one of {choices}"
+        )
+    if config.fsdp_min_bytes < 0:
+        raise UsageError(f"--fsdp-min-bytes={config.fsdp_min_bytes} must not be negative")
     accum = config.grad_accum_steps
     if config.batch_size % devices:
         raise UsageError(
@@ -554,7 +569,7 @@ def main(config: TrainConfig) -> None:
     print(
         f"batch_size={config.batch_size} grad_accum_steps={config.grad_accum_steps} "
         f"micro_batch={config.batch_size // config.grad_accum_steps} "
-        f"devices={jax.device_count()} ({jax.default_backend()})",
+        f"devices={jax.device_count()} ({jax.default_backend()}) fsdp_devices={config.fsdp_devices}",
         flush=True,
     )
     print(f"config {config.name}: model {config.model} -> {model_cfg}", flush=True)
@@ -563,14 +578,16 @@ def main(config: TrainConfig) -> None:
     rng = jax.random.key(config.seed)
     train_rng, init_rng, data_rng = jax.random.split(rng, 3)
 
-    mesh = Mesh(jax.devices(), (BATCH_AXIS,))
-    data_sharding = NamedSharding(mesh, P(BATCH_AXIS))
-    replicated = NamedSharding(mesh, P())
+    # openpi's (batch, fsdp) mesh: the batch split over every device, the state over the fsdp axis.
+    mesh = meshes.make_mesh(meshes.MeshSpec(jax.device_count(), config.fsdp_devices))
+    data_sharding = meshes.data_sharding(mesh)
+    replicated: NamedSharding = meshes.replicated(mesh)
+    state_sharding = state_shardings(config, mesh)
 
     if resuming:
-        state = restore_state(checkpoint_manager, abstract_train_state(config, replicated))
-    else:
-        state = jax.device_put(init_train_state(config, init_rng), replicated)
+        state = restore_state(checkpoint_manager, abstract_train_state(config, state_sharding))
+    else:  # initialised in place: no device ever holds more than its shard
+        state = jax.jit(functools.partial(init_train_state, config), out_shardings=state_sharding)(init_rng)
     start_step = int(jax.device_get(state.step))
     if start_step > config.num_train_steps:
         fail(
@@ -584,8 +601,8 @@ def main(config: TrainConfig) -> None:
 
     ptrain_step = jax.jit(
         functools.partial(train_step, config),
-        in_shardings=(replicated, replicated, data_sharding),
-        out_shardings=(replicated, replicated),
+        in_shardings=(replicated, state_sharding, data_sharding),
+        out_shardings=(state_sharding, replicated),
         donate_argnums=(1,),
     )
 
