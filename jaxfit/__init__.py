@@ -12,6 +12,7 @@ Public API::
 
     jaxfit.fit_fraction(jaxfit.entry_source("my_module:make_workload"), batch_size=64)
     jaxfit.fit_batch(jaxfit.script_source(["python", "train.py", "--exp-name=x"]))
+    jaxfit.fit_batch(jaxfit.example_source("gpt-small", mesh=jaxfit.MeshSpec(devices=4, fsdp=2)))
 
 Importing jaxfit does not initialise a JAX backend: compiles happen in a child process that sees
 the target memory fraction. The stages live in :mod:`jaxfit.fit` (the compiler's answer),
@@ -23,6 +24,7 @@ from jaxfit.errors import CompileError, ConfigError, DoesNotFitError, JaxfitErro
 from jaxfit.fit import Candidate, FitOptions, FitResult, fit_batch, fit_fraction
 from jaxfit.fit.budget import format_bytes, parse_size
 from jaxfit.fit.memory import MemoryReport
+from jaxfit.fit.mesh import MeshSpec
 from jaxfit.fit.sources import (
     EntrySource,
     ExampleSource,
@@ -48,6 +50,7 @@ __all__ = [
     "FitResult",
     "JaxfitError",
     "MemoryReport",
+    "MeshSpec",
     "ScriptSource",
     "Source",
     "WorkerError",

@@ -199,7 +199,13 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         if grid.step % device_count:
             # The batch is split over every device of the mesh: only multiples of the count can run.
             step = math.lcm(grid.step, device_count)
-            grid = Grid(grid.low, grid.high, step)
+            try:
+                grid = Grid(grid.low, grid.high, step)
+            except ConfigError:
+                raise ConfigError(
+                    f"the batch is split over {device_count} devices, and no multiple of {step} lies in "
+                    f"[{grid.low}, {grid.high}]; raise --max-batch to {step} or more"
+                ) from None
             notify(
                 progress,
                 "note",
