@@ -1,0 +1,213 @@
+"""The what-if table: one fit per card x mesh (:func:`what_if`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from jaxfit.errors import ConfigError, DoesNotFitError
+from jaxfit.fit import budget as budget_mod
+from jaxfit.fit.batch import fit_batch
+from jaxfit.fit.mesh import MeshSpec
+from jaxfit.fit.options import FitOptions
+from jaxfit.fit.results import FitResult
+from jaxfit.fit.sources import Source
+
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Card:
+    """A device to plan for: a name and the memory CUDA reports for it (the base of a fraction)."""
+
+    name: str
+    total_bytes: int
+
+
+DEFAULT_CARDS = tuple(Card(f"{n}GB", n * GiB) for n in (24, 32, 48, 80, 96, 141))
+"""Nominal sizes, read as GiB. A real card reports a little less (an H100 80GB gives JAX about
+85.0e9 B, 79.2 GiB, as total; docs/facts.md #16): name the exact size with ``--card NAME=SIZE``."""
+
+Status = Literal["gpu", "mock", "cpu", "does not fit", "not available"]
+"""How a cell was answered: compiled on this machine's GPUs (``gpu``), for a mocked GPU topology
+larger than this machine (``mock``), on CPU devices, whose compiler ignores the limit (``cpu``);
+or the step does not fit even batch ``min_batch`` (``does not fit``), or the card cannot be
+planned here (``not available``: larger than this GPU at the fraction)."""
+
+STATUS_TEXT: Mapping[str, str] = {
+    "gpu": "compiled on this GPU",
+    "mock": "compiled for a mocked topology",
+    "cpu": "compiled on CPU devices",
+    "does not fit": "does not fit",
+    "not available": "not available here",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One card and mesh.
+
+    Attributes:
+      card: The card's name.
+      card_bytes: Its total memory.
+      devices: Devices in the mesh.
+      fsdp: The FSDP size.
+      status: How it was answered (:data:`Status`).
+      batch_size: The largest global batch that fits (a multiple of ``devices``), or None.
+      peak_bytes: Its compiled peak per device, or None.
+      budget_bytes: The per-device budget under the fraction, or None.
+      parameter_bytes: Parameters and optimizer state one device holds (what FSDP divides), or None.
+      outcome: ``boundary`` or ``max`` (``--max-batch`` fits; larger may too), or None.
+      note: Why a cell has no answer, or the fit's message.
+      seconds: Wall time of the cell's fit.
+    """
+
+    card: str
+    card_bytes: int
+    devices: int
+    fsdp: int
+    status: Status
+    batch_size: int | None = None
+    peak_bytes: int | None = None
+    budget_bytes: int | None = None
+    parameter_bytes: int | None = None
+    outcome: str | None = None
+    note: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanResult:
+    """The what-if table of one workload under one fraction.
+
+    Attributes:
+      workload: The workload's name.
+      mem_fraction: The fraction every card is planned under.
+      device_kind: The device the compiles ran on.
+      cells: One per card x mesh, cards in the given order, meshes in the given order.
+      wall_seconds: Wall time of the whole table.
+    """
+
+    workload: str
+    mem_fraction: float
+    device_kind: str
+    cells: list[Cell]
+    wall_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "cells": [c.to_dict() for c in self.cells]}
+
+
+def parse_card(text: str) -> Card:
+    """``NAME=SIZE`` (``L4=24GB``, ``4090=24564MiB``) as a :class:`Card`.
+
+    Raises:
+      ConfigError: not ``NAME=SIZE``, or a size that is not one.
+    """
+    name, sep, size = text.partition("=")
+    if not sep or not name.strip() or not size.strip():
+        raise ConfigError(f"--card {text!r} must look like NAME=SIZE, e.g. --card L4=24GB")
+    try:
+        return Card(name.strip(), budget_mod.parse_size(size.strip()))
+    except ConfigError as e:
+        raise ConfigError(f"--card {text!r}: {e}") from None
+
+
+def meshes_for(device_counts: Sequence[int], fsdp_sizes: Sequence[int] | None) -> list[MeshSpec]:
+    """Every ``(devices, fsdp)`` to plan: for each device count, the given FSDP sizes that divide
+    it (default: 1 and the count itself).
+
+    Raises:
+      ConfigError: a count below 1, or FSDP sizes none of which divide some count.
+    """
+    out: list[MeshSpec] = []
+    for devices in device_counts:
+        if devices < 1:
+            raise ConfigError(f"--devices {devices} must be at least 1")
+        sizes = sorted({1, devices}) if fsdp_sizes is None else [f for f in fsdp_sizes if devices % f == 0]
+        if not sizes:
+            raise ConfigError(
+                f"no --fsdp size of {list(fsdp_sizes or [])} divides {devices} devices; add 1 or a divisor of {devices}"
+            )
+        for fsdp in sizes:
+            spec = MeshSpec(devices, fsdp).validate()
+            if spec not in out:
+                out.append(spec)
+    return out
+
+
+def _state_bytes(result: FitResult) -> int | None:
+    parts = [c for c in result.breakdown if c["category"] in ("parameters", "optimizer state")]
+    return sum(int(c["bytes"]) for c in parts) if parts else None
+
+
+def _status(result: FitResult) -> Status:
+    if result.device.get("topology") == "mock":
+        return "mock"
+    return "gpu" if result.device.get("limit_sensitive") else "cpu"
+
+
+def what_if(
+    source_for: Callable[[MeshSpec], Source],
+    cards: Sequence[Card],
+    meshes: Sequence[MeshSpec],
+    options: FitOptions = FitOptions(),
+    progress: Callable[[Cell, int, int], None] | None = None,
+) -> PlanResult:
+    """Fit ``source_for(mesh)`` on every card of ``cards`` for every mesh of ``meshes``.
+
+    Each cell is :func:`jaxfit.fit.fit_batch` with ``device_memory_bytes`` set to the card's size:
+    on a GPU the compile runs under the limit that card would give at the fraction, on a CPU the
+    analysis is compared with that budget. Cells that cannot be answered say why instead of
+    ending the table.
+
+    Args:
+      source_for: The workload source on a mesh.
+      cards: The cards to plan for.
+      meshes: The device counts and FSDP sizes.
+      options: The fit options (fraction, headroom, bounds, cache) every cell shares.
+      progress: Called with ``(cell, index, total)`` after each cell.
+
+    Raises:
+      ConfigError: bad options, or a workload that cannot be built (the first cell says so).
+    """
+    start = time.perf_counter()
+    fraction = options.resolved_fraction()
+    cells: list[Cell] = []
+    workload, device_kind = "", ""
+    total = len(cards) * len(meshes)
+    for card in cards:
+        for mesh in meshes:
+            cell_start = time.perf_counter()
+            base = {"card": card.name, "card_bytes": card.total_bytes, "devices": mesh.devices, "fsdp": mesh.fsdp}
+            try:
+                result = fit_batch(source_for(mesh), dataclasses.replace(options, device_memory_bytes=card.total_bytes))
+            except DoesNotFitError as e:
+                cell = Cell(**base, status="does not fit", note=str(e))
+            except ConfigError as e:
+                if "--device-memory" not in str(e):
+                    raise
+                cell = Cell(**base, status="not available", note=str(e))
+            else:
+                workload = workload or str(result.workload.get("name", ""))
+                device_kind = device_kind or str(result.device.get("device_kind", ""))
+                cell = Cell(
+                    **base,
+                    status=_status(result),
+                    batch_size=result.batch_size,
+                    peak_bytes=result.peak_bytes,
+                    budget_bytes=result.budget_bytes,
+                    parameter_bytes=_state_bytes(result),
+                    outcome=result.outcome,
+                    note=result.message,
+                )
+            cell = dataclasses.replace(cell, seconds=round(time.perf_counter() - cell_start, 2))
+            cells.append(cell)
+            if progress is not None:
+                progress(cell, len(cells), total)
+    return PlanResult(workload, fraction, device_kind, cells, round(time.perf_counter() - start, 2))
