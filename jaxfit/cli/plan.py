@@ -131,13 +131,13 @@ def plan_table(result: PlanResult) -> Table:
         state = next((c.parameter_bytes for c in by_card.values() if c.parameter_bytes is not None), None)
         row = [str(devices), str(fsdp), format_bytes(state) if state is not None else "-"]
         for card in cards:
-            cell = by_card.get(card)
-            if cell is None:
+            found = by_card.get(card)
+            if found is None:
                 row.append("")
-            elif cell.batch_size is None:
-                row.append(f"[dim]{cell.status}[/]")
+            elif found.batch_size is None:
+                row.append(f"[dim]{found.status}[/]")
             else:
-                more = "+" if cell.outcome == "max" else ""
-                row.append(f"{cell.batch_size}{more}  {format_bytes(cell.peak_bytes)}{MARKS.get(cell.status, '')}")
+                more = "+" if found.outcome == "max" else ""
+                row.append(f"{found.batch_size}{more}  {format_bytes(found.peak_bytes)}{MARKS.get(found.status, '')}")
         table.add_row(*row)
     return table

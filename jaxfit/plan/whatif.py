@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -184,20 +185,19 @@ def what_if(
     for card in cards:
         for mesh in meshes:
             cell_start = time.perf_counter()
-            base = {"card": card.name, "card_bytes": card.total_bytes, "devices": mesh.devices, "fsdp": mesh.fsdp}
+            base = functools.partial(Cell, card.name, card.total_bytes, mesh.devices, mesh.fsdp)
             try:
                 result = fit_batch(source_for(mesh), dataclasses.replace(options, device_memory_bytes=card.total_bytes))
             except DoesNotFitError as e:
-                cell = Cell(**base, status="does not fit", note=str(e))
+                cell = base(status="does not fit", note=str(e))
             except ConfigError as e:
                 if "--device-memory" not in str(e):
                     raise
-                cell = Cell(**base, status="not available", note=str(e))
+                cell = base(status="not available", note=str(e))
             else:
                 workload = workload or str(result.workload.get("name", ""))
                 device_kind = device_kind or str(result.device.get("device_kind", ""))
-                cell = Cell(
-                    **base,
+                cell = base(
                     status=_status(result),
                     batch_size=result.batch_size,
                     peak_bytes=result.peak_bytes,
