@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Benchmark fits of sharded steps on a machine with several GPUs.
+
+``answers``: for each FSDP size, ``jaxfit run`` fits ``scripts/train.py CONFIG --fsdp-devices F``
+on every visible GPU (the probe compiles the script's own sharded step), then trains 3 steps at
+the answer with the pinned program; then a fresh process without jaxfit trains at the answer plus
+one step of the device count (the next batch that splits over the devices). Targets: the answer
+runs (0 out of memory), the next one does not.
+
+``whatif``: ``jaxfit plan`` of the same model as a built-in example, for a card equal to this GPU
+and the given meshes, twice: on the real GPUs, and with one GPU visible (a mocked topology of as
+many GPUs as the mesh needs). Every cell is compared.
+
+Usage (on the GPU machine)::
+
+    python scripts/bench_mesh.py answers --out $OUT/mesh --config gpt_medium_bf16_remat --fraction 0.25
+    python scripts/bench_mesh.py whatif --out $OUT/mesh --example gpt-medium-bf16-remat --fraction 0.25
+    python scripts/bench_mesh.py table benchmarks/results/h100x2/mesh
+
+Every record goes to ``raw.jsonl`` in ``--out`` as soon as it is made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OOM = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+
+
+def _log(out: Path, record: dict) -> None:
+    record["at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    with (out / "raw.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k not in ("stdout_tail", "stderr_tail")}), flush=True)
+
+
+def _gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    except OSError:
+        return 0
+
+
+def _train_args(config: str, fsdp: int, folder: str) -> list[str]:
+    return [
+        sys.executable,
+        str(REPO / "scripts" / "train.py"),
+        config,
+        f"--exp-name=bench-fsdp{fsdp}",
+        "--overwrite",
+        f"--fsdp-devices={fsdp}",
+        "--num-train-steps=3",
+        "--log-interval=1",
+        "--save-interval=1000",
+        "--no-wandb-enabled",
+        f"--checkpoint-base-dir={folder}",
+    ]
+
+
+def answers_main(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    devices = _gpu_count() or int(args.devices)
+    for fsdp in args.fsdp:
+        with tempfile.TemporaryDirectory() as folder:
+            result_file = out / f"run-fsdp{fsdp}.json"
+            cmd = [sys.executable, "-m", "jaxfit.cli", "run", "--mem-fraction", str(args.fraction)]
+            cmd += ["--max-batch", str(args.max_batch)]
+            cmd += ["--json", str(result_file), "--", *_train_args(args.config, fsdp, folder)]
+            start = time.time()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            record: dict = {
+                "kind": "answer",
+                "config": args.config,
+                "fsdp": fsdp,
+                "devices": devices,
+                "fraction": args.fraction,
+                "rc": proc.returncode,
+                "wall_s": round(time.time() - start, 1),
+                "oom": any(m in proc.stdout + proc.stderr for m in OOM),
+                "stdout_tail": proc.stdout[-1500:],
+                "stderr_tail": proc.stderr[-1500:],
+            }
+            if result_file.exists():
+                data = json.loads(result_file.read_text())
+                fit = data.get("fit") or {}
+                record.update(
+                    batch=fit.get("batch_size"),
+                    peak_bytes=fit.get("peak_bytes"),
+                    budget_bytes=fit.get("budget_bytes"),
+                    mesh=fit.get("mesh"),
+                    device_count=fit.get("device_count"),
+                    outcome=fit.get("outcome"),
+                    program_pinned=data.get("program_pinned"),
+                    pinned_peak_bytes=data.get("pinned_peak_bytes"),
+                    fit_wall_s=fit.get("wall_seconds"),
+                )
+            for line in proc.stdout.splitlines():
+                if line.startswith("memory: peak_bytes_in_use="):
+                    record["peak_bytes_in_use_gpu0"] = int(line.split("=")[1].split()[0])
+            _log(out, record)
+            batch = record.get("batch")
+            if not batch:
+                continue
+            step = int(record.get("device_count") or devices)
+            bigger = batch + step
+            env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION=str(args.fraction), TF_CPP_MIN_LOG_LEVEL="2")
+            start = time.time()
+            trial = subprocess.run(
+                [*_train_args(args.config, fsdp, folder), f"--batch-size={bigger}"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=args.timeout,
+            )
+            _log(
+                out,
+                {
+                    "kind": "next-up",
+                    "config": args.config,
+                    "fsdp": fsdp,
+                    "devices": devices,
+                    "fraction": args.fraction,
+                    "batch": bigger,
+                    "rc": trial.returncode,
+                    "wall_s": round(time.time() - start, 1),
+                    "oom": any(m in trial.stdout + trial.stderr for m in OOM),
+                    "stdout_tail": trial.stdout[-800:],
+                    "stderr_tail": trial.stderr[-800:],
+                },
+            )
+    return 0
+
+
+def _plan(args: argparse.Namespace, out: Path, label: str, env: dict[str, str]) -> None:
+    result_file = out / f"plan-{label}.json"
+    cmd = [sys.executable, "-m", "jaxfit.cli", "plan", "--example", args.example, "--mem-fraction", str(args.fraction)]
+    cmd += ["--no-default-cards", "--card", f"{args.card_name}={args.card}", "--devices", str(args.devices)]
+    cmd += [
+        "--fsdp",
+        *map(str, args.fsdp),
+        "--json",
+        str(result_file),
+        "--no-cache",
+        "--max-batch",
+        str(args.max_batch),
+    ]
+    start = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    record: dict = {
+        "kind": "plan",
+        "label": label,
+        "rc": proc.returncode,
+        "wall_s": round(time.time() - start, 1),
+        "stdout_tail": proc.stdout[-2500:],
+        "stderr_tail": proc.stderr[-1500:],
+    }
+    if result_file.exists():
+        record["cells"] = [
+            {
+                k: c[k]
+                for k in ("card", "devices", "fsdp", "status", "batch_size", "peak_bytes", "budget_bytes", "seconds")
+            }
+            for c in json.loads(result_file.read_text())["cells"]
+        ]
+    _log(out, record)
+
+
+def whatif_main(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = args.only or ["real", "mock"]
+    for label in labels:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        if label == "mock":
+            env["CUDA_VISIBLE_DEVICES"] = "0"
+        _plan(args, out, label, env)
+    return 0
+
+
+def table_main(args: argparse.Namespace) -> int:
+    records = [json.loads(line) for line in (Path(args.folder) / "raw.jsonl").read_text().splitlines() if line]
+    print("| fsdp | devices | answer (global) | peak per device | budget | pinned | ran 3 steps | next up | next up |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in records:
+        if r["kind"] != "answer":
+            continue
+        nxt = next((n for n in records if n["kind"] == "next-up" and n["fsdp"] == r["fsdp"]), None)
+        print(
+            f"| {r['fsdp']} | {r['devices']} | {r.get('batch')} | {r.get('peak_bytes'):,} | {r.get('budget_bytes'):,} "
+            f"| {r.get('program_pinned')} | {'yes' if r['rc'] == 0 else 'no (rc %s)' % r['rc']} "
+            f"| {nxt['batch'] if nxt else '-'} | {('out of memory' if nxt['oom'] else 'ran (rc %s)' % nxt['rc']) if nxt else '-'} |"
+        )
+    plans = {r["label"]: r for r in records if r["kind"] == "plan" and "cells" in r}
+    if plans:
+        print()
+        print(
+            "| card | devices | fsdp | " + " | ".join(f"{k} batch | {k} peak | {k} s" for k in plans) + " | peak diff |"
+        )
+        print("| --- " * (3 + 3 * len(plans) + 1) + "|")
+        first = next(iter(plans.values()))
+        for i, cell in enumerate(first["cells"]):
+            row = [cell["card"], str(cell["devices"]), str(cell["fsdp"])]
+            peaks = []
+            for plan in plans.values():
+                c = plan["cells"][i]
+                row += [str(c["batch_size"]), f"{c['peak_bytes']:,}" if c["peak_bytes"] else "-", str(c["seconds"])]
+                peaks.append(c["peak_bytes"])
+            diff = f"{(max(peaks) - min(peaks)) / max(peaks):.3%}" if all(peaks) and len(peaks) > 1 else "-"
+            print("| " + " | ".join(row) + f" | {diff} |")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("answers")
+    a.add_argument("--out", required=True)
+    a.add_argument("--config", default="gpt_medium_bf16_remat")
+    a.add_argument("--fraction", type=float, default=0.25)
+    a.add_argument("--fsdp", type=int, nargs="+", default=[1, 2])
+    a.add_argument("--devices", type=int, default=2, help="device count when there is no nvidia-smi (CPU smoke)")
+    a.add_argument("--timeout", type=float, default=560)
+    a.add_argument("--max-batch", type=int, default=1024)
+    w = sub.add_parser("whatif")
+    w.add_argument("--out", required=True)
+    w.add_argument("--example", default="gpt-medium-bf16-remat")
+    w.add_argument("--fraction", type=float, default=0.25)
+    w.add_argument("--devices", type=int, default=2)
+    w.add_argument("--fsdp", type=int, nargs="+", default=[1, 2])
+    w.add_argument("--card", default="81559MiB", help="the card to plan for (default: an H100 80GB's CUDA total)")
+    w.add_argument("--card-name", default="H100")
+    w.add_argument("--only", nargs="+", choices=["real", "mock"])
+    w.add_argument("--timeout", type=float, default=560)
+    w.add_argument("--max-batch", type=int, default=1024)
+    t = sub.add_parser("table")
+    t.add_argument("folder")
+    args = parser.parse_args()
+    return {"answers": answers_main, "whatif": whatif_main, "table": table_main}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
