@@ -195,10 +195,12 @@ def table_main(args: argparse.Namespace) -> int:
         if r["kind"] != "answer":
             continue
         nxt = next((n for n in records if n["kind"] == "next-up" and n["fsdp"] == r["fsdp"]), None)
+        ran = "yes" if r["rc"] == 0 else f"no (rc {r['rc']})"
+        up = "-" if nxt is None else ("out of memory" if nxt["oom"] else f"ran (rc {nxt['rc']})")
         print(
-            f"| {r['fsdp']} | {r['devices']} | {r.get('batch')} | {r.get('peak_bytes'):,} | {r.get('budget_bytes'):,} "
-            f"| {r.get('program_pinned')} | {'yes' if r['rc'] == 0 else 'no (rc %s)' % r['rc']} "
-            f"| {nxt['batch'] if nxt else '-'} | {('out of memory' if nxt['oom'] else 'ran (rc %s)' % nxt['rc']) if nxt else '-'} |"
+            f"| {r['fsdp']} | {r['devices']} | {r.get('batch')} | {r.get('peak_bytes') or 0:,} "
+            f"| {r.get('budget_bytes') or 0:,} | {r.get('program_pinned')} | {ran} "
+            f"| {nxt['batch'] if nxt else '-'} | {up} |"
         )
     plans = {r["label"]: r for r in records if r["kind"] == "plan" and "cells" in r}
     if plans:
