@@ -141,29 +141,21 @@ def answers_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(args: argparse.Namespace, out: Path, label: str, env: dict[str, str]) -> None:
-    result_file = out / f"plan-{label}.json"
+def _plan(args: argparse.Namespace, out: Path, label: str, fsdp: int, env: dict[str, str]) -> None:
+    """One cell: ``jaxfit plan`` of one mesh, its progress streamed to a log in ``out``."""
+    result_file = out / f"plan-{label}-fsdp{fsdp}.json"
     cmd = [sys.executable, "-m", "jaxfit.cli", "plan", "--example", args.example, "--mem-fraction", str(args.fraction)]
     cmd += ["--no-default-cards", "--card", f"{args.card_name}={args.card}", "--devices", str(args.devices)]
-    cmd += [
-        "--fsdp",
-        *map(str, args.fsdp),
-        "--json",
-        str(result_file),
-        "--no-cache",
-        "--max-batch",
-        str(args.max_batch),
-    ]
+    cmd += ["--fsdp", str(fsdp), "--json", str(result_file), "--no-cache", "--max-batch", str(args.max_batch)]
+    cmd += [] if args.verify else ["--no-verify"]
     start = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    record: dict = {
-        "kind": "plan",
-        "label": label,
-        "rc": proc.returncode,
-        "wall_s": round(time.time() - start, 1),
-        "stdout_tail": proc.stdout[-2500:],
-        "stderr_tail": proc.stderr[-1500:],
-    }
+    log = out / f"plan-{label}-fsdp{fsdp}.log"
+    with log.open("w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    record: dict = {"kind": "plan", "label": label, "fsdp": fsdp, "rc": rc, "wall_s": round(time.time() - start, 1)}
     if result_file.exists():
         record["cells"] = [
             {
@@ -178,12 +170,12 @@ def _plan(args: argparse.Namespace, out: Path, label: str, env: dict[str, str]) 
 def whatif_main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    labels = args.only or ["real", "mock"]
-    for label in labels:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        if label == "mock":
-            env["CUDA_VISIBLE_DEVICES"] = "0"
-        _plan(args, out, label, env)
+    for fsdp in args.fsdp:
+        for label in args.only or ["real", "mock"]:
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+            if label == "mock":
+                env["CUDA_VISIBLE_DEVICES"] = "0"
+            _plan(args, out, label, fsdp, env)
     return 0
 
 
@@ -202,23 +194,21 @@ def table_main(args: argparse.Namespace) -> int:
             f"| {r.get('budget_bytes') or 0:,} | {r.get('program_pinned')} | {ran} "
             f"| {nxt['batch'] if nxt else '-'} | {up} |"
         )
-    plans = {r["label"]: r for r in records if r["kind"] == "plan" and "cells" in r}
-    if plans:
+    cells = [(r["label"], c) for r in records if r["kind"] == "plan" for c in r.get("cells", [])]
+    timeouts = [r for r in records if r["kind"] == "plan" and r["rc"] is None]
+    if cells or timeouts:
         print()
-        print(
-            "| card | devices | fsdp | " + " | ".join(f"{k} batch | {k} peak | {k} s" for k in plans) + " | peak diff |"
-        )
-        print("| --- " * (3 + 3 * len(plans) + 1) + "|")
-        first = next(iter(plans.values()))
-        for i, cell in enumerate(first["cells"]):
-            row = [cell["card"], str(cell["devices"]), str(cell["fsdp"])]
-            peaks = []
-            for plan in plans.values():
-                c = plan["cells"][i]
-                row += [str(c["batch_size"]), f"{c['peak_bytes']:,}" if c["peak_bytes"] else "-", str(c["seconds"])]
-                peaks.append(c["peak_bytes"])
-            diff = f"{(max(peaks) - min(peaks)) / max(peaks):.3%}" if all(peaks) and len(peaks) > 1 else "-"
-            print("| " + " | ".join(row) + f" | {diff} |")
+        print("| card | devices | fsdp | compiled | status | batch | peak per device | budget | s |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for label, c in cells:
+            peak = f"{c['peak_bytes']:,}" if c["peak_bytes"] else "-"
+            budget = f"{c['budget_bytes']:,}" if c["budget_bytes"] else "-"
+            print(
+                f"| {c['card']} | {c['devices']} | {c['fsdp']} | {label} | {c['status']} | {c['batch_size']} "
+                f"| {peak} | {budget} | {c['seconds']} |"
+            )
+        for r in timeouts:
+            print(f"| | | {r['fsdp']} | {r['label']} | timed out after {r['wall_s']} s | | | | |")
     return 0
 
 
@@ -244,6 +234,7 @@ def main() -> int:
     w.add_argument("--only", nargs="+", choices=["real", "mock"])
     w.add_argument("--timeout", type=float, default=560)
     w.add_argument("--max-batch", type=int, default=1024)
+    w.add_argument("--no-verify", dest="verify", action="store_false", help="untuned compiles only")
     t = sub.add_parser("table")
     t.add_argument("folder")
     args = parser.parse_args()
