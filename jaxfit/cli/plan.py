@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import tyro
 from rich.console import Console
@@ -99,7 +100,17 @@ def plan_command(
             highlight=False,
         )
 
-    result = what_if(source_for, chosen, meshes, options, progress)
+    from jaxfit.cli.output import ProgressPrinter
+
+    printer = None if quiet else ProgressPrinter(err)
+
+    def fit_progress(event: str, data: Mapping[str, Any]) -> None:
+        if printer is not None and event in ("starting", "round", "compiled", "note"):
+            printer(event, data)
+
+    if not quiet:
+        err.print(f"[dim]{len(chosen) * len(meshes)} cells: {len(chosen)} cards x {len(meshes)} meshes[/]")
+    result = what_if(source_for, chosen, meshes, options, progress, fit_progress)
     if json:
         write_json(json, result.to_dict())
     Console().print(plan_table(result))

@@ -159,6 +159,7 @@ def what_if(
     meshes: Sequence[MeshSpec],
     options: FitOptions = FitOptions(),
     progress: Callable[[Cell, int, int], None] | None = None,
+    fit_progress: Callable[[str, Mapping[str, Any]], None] | None = None,
 ) -> PlanResult:
     """Fit ``source_for(mesh)`` on every card of ``cards`` for every mesh of ``meshes``.
 
@@ -173,6 +174,7 @@ def what_if(
       meshes: The device counts and FSDP sizes.
       options: The fit options (fraction, headroom, bounds, cache) every cell shares.
       progress: Called with ``(cell, index, total)`` after each cell.
+      fit_progress: Passed to every cell's fit (its rounds and compiles, as ``jaxfit fit`` shows them).
 
     Raises:
       ConfigError: bad options, or a workload that cannot be built (the first cell says so).
@@ -187,7 +189,11 @@ def what_if(
             cell_start = time.perf_counter()
             base = functools.partial(Cell, card.name, card.total_bytes, mesh.devices, mesh.fsdp)
             try:
-                result = fit_batch(source_for(mesh), dataclasses.replace(options, device_memory_bytes=card.total_bytes))
+                result = fit_batch(
+                    source_for(mesh),
+                    dataclasses.replace(options, device_memory_bytes=card.total_bytes),
+                    progress=fit_progress,
+                )
             except DoesNotFitError as e:
                 cell = base(status="does not fit", note=str(e))
             except ConfigError as e:
