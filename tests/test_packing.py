@@ -281,6 +281,7 @@ def test_to_dict_and_rows() -> None:
         "start",
         "wave",
         "after",
+        "gpus",
     }
     assert data["gpus"][0]["capacity_bytes"] == 94 * GiB
     assert data["gpus"][0]["free_bytes"] == 94 * GiB - data["gpus"][0]["planned_bytes"]
@@ -393,3 +394,38 @@ def test_random_plans_never_overfill_a_gpu() -> None:
                 for index, value in used.items():
                     assert value <= capacity[index]
     assert planned > 200 and rejected > 20 and waited > 100  # the cases exercise every path
+
+
+def test_a_run_on_two_gpus_is_packed_beside_single_gpu_runs() -> None:
+    """``gpus: 2``: the same need on both GPUs, the single-GPU runs fill what is left."""
+    needs = [Need("big", 60 * GiB, gpus=2), Need("a", 20 * GiB), Need("b", 20 * GiB), Need("c", 20 * GiB)]
+    result = plan(needs, [GPU(0, RTX_96), GPU(1, RTX_96)], 2 * GiB, OVERHEAD)
+    big = result.placement("big")
+    assert big.gpus == (0, 1) and big.immediate and big.gpu == 0
+    assert result.gpu(0).runs[0] == "big" and result.gpu(1).runs[0] == "big"
+    singles = [result.placement(n) for n in "abc"]
+    assert all(len(p.gpus) == 1 for p in singles)
+    # 96 GiB less a 2 GiB reserve: next to the 60 GiB run there is room for one 20 GiB run per GPU.
+    assert sorted(p.immediate for p in singles) == [False, True, True]
+    for gpu in result.gpus:
+        assert gpu.planned_bytes <= gpu.capacity_bytes
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["placements"][0]["gpus"] == [0, 1]
+    assert Plan.from_dict(data) == result
+    assert result.rows()[0][2] == "0,1"
+
+
+def test_a_two_gpu_run_waits_for_both_gpus() -> None:
+    needs = [Need("a", 70 * GiB), Need("b", 70 * GiB), Need("big", 70 * GiB, gpus=2)]
+    result = plan(needs, [GPU(0, RTX_96), GPU(1, RTX_96)], 0, OVERHEAD)
+    big = result.placement("big")
+    assert set(big.after) == {"a", "b"} and big.wave == 1 and big.gpus == (0, 1)
+
+
+def test_a_run_wanting_more_gpus_than_the_plan_has_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="run 'big' takes 4 GPUs but the plan has 2; plan on 4 or more GPUs"):
+        plan([Need("big", GiB, gpus=4)], [GPU(0, RTX_96), GPU(1, RTX_96)])
+    with pytest.raises(ConfigError, match="only 1 of the plan's GPUs can hold its share"):
+        plan([Need("big", 40 * GiB, gpus=2)], [GPU(0, RTX_96), GPU(1, 24 * GiB)])
+    with pytest.raises(ConfigError, match="gpus=0 must be at least 1"):
+        Need("x", GiB, gpus=0)

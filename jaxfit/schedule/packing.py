@@ -29,6 +29,8 @@ class Need:
         When both are given, the fraction sets the pool and a GPU whose pool at that fraction is
         smaller than ``peak_bytes + headroom_bytes`` is not used for the run.
       headroom_bytes: Extra bytes kept inside the pool on top of the peak.
+      gpus: GPUs the run takes at once (a sharded run); ``peak_bytes`` is per GPU, and each of
+        them gets the same fraction.
     """
 
     name: str
@@ -36,6 +38,7 @@ class Need:
     priority: int = 0
     fraction: float | None = None
     headroom_bytes: int = 0
+    gpus: int = 1
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -50,6 +53,8 @@ class Need:
             raise ConfigError(f"run {self.name!r}: fraction={self.fraction!r} must be in (0, 1]")
         if self.headroom_bytes < 0:
             raise ConfigError(f"run {self.name!r}: headroom_bytes={self.headroom_bytes} must be >= 0")
+        if self.gpus < 1:
+            raise ConfigError(f"run {self.name!r}: gpus={self.gpus} must be at least 1")
 
     def fraction_on(self, total_bytes: int) -> float:
         """The pool fraction on a GPU of ``total_bytes`` (may exceed 1: the run does not fit)."""
@@ -81,7 +86,7 @@ class Placement:
 
     Attributes:
       name: The run.
-      gpu: The GPU index it runs on.
+      gpu: The GPU index it runs on (the first of ``gpus``).
       mem_fraction: Its ``XLA_PYTHON_CLIENT_MEM_FRACTION`` on that GPU.
       peak_bytes: Its fitted peak (None when only a fixed fraction was given).
       pool_bytes: Its allocator pool, ``mem_fraction x total`` rounded up.
@@ -89,7 +94,9 @@ class Placement:
       priority: Its priority.
       start: Its position in the plan's start order (0 first).
       wave: 0 when it starts at once, else one more than the latest wave of the runs in ``after``.
-      after: The runs on the same GPU that must finish before it starts (empty: at once).
+      after: The runs on the same GPU(s) that must finish before it starts (empty: at once).
+      gpus: Every GPU it runs on, each with ``need_bytes`` (one for most runs; ``gpus: N`` in the
+        queue for a run sharded over N).
     """
 
     name: str
@@ -102,6 +109,11 @@ class Placement:
     start: int
     wave: int
     after: tuple[str, ...]
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.gpus:
+            object.__setattr__(self, "gpus", (self.gpu,))
 
     @property
     def immediate(self) -> bool:
@@ -112,6 +124,7 @@ class Placement:
         """JSON-ready data."""
         data = dataclasses.asdict(self)
         data["after"] = list(self.after)
+        data["gpus"] = list(self.gpus)
         return data
 
 
@@ -213,7 +226,10 @@ class Plan:
         Raises:
           KeyError, TypeError, ValueError: not such data.
         """
-        placements = tuple(Placement(**{**p, "after": tuple(p["after"])}) for p in data["placements"])
+        placements = tuple(
+            Placement(**{**p, "after": tuple(p["after"]), "gpus": tuple(p.get("gpus") or (p["gpu"],))})
+            for p in data["placements"]
+        )
         gpus = tuple(
             GpuPlan(**{k: v for k, v in g.items() if k != "free_bytes"} | {"runs": tuple(g["runs"])})
             for g in data["gpus"]
@@ -226,7 +242,7 @@ class Plan:
             (
                 str(p.start),
                 p.name,
-                str(p.gpu),
+                ",".join(map(str, p.gpus)),
                 f"{p.mem_fraction:.2f}",
                 format_bytes(p.peak_bytes),
                 format_bytes(p.need_bytes),
@@ -288,9 +304,21 @@ def _holds_alone(state: _GpuState, need: Need, overhead_bytes: int) -> bool:
 
 
 def _reject_if_too_big(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -> None:
-    """Raise a one-line ``ConfigError`` when ``need`` fits no GPU even alone."""
-    if any(_holds_alone(state, need, overhead_bytes) for state in states):
+    """Raise a one-line ``ConfigError`` when ``need`` fits no GPU even alone (or, for a run on
+    several GPUs, fewer GPUs than it takes)."""
+    if need.gpus > len(states):
+        raise ConfigError(
+            f"run {need.name!r} takes {need.gpus} GPUs but the plan has {len(states)}; "
+            f"plan on {need.gpus} or more GPUs (gpus: in the queue, --gpus) or lower its gpus"
+        )
+    holding = sum(1 for state in states if _holds_alone(state, need, overhead_bytes))
+    if holding >= need.gpus:
         return
+    if holding:
+        raise ConfigError(
+            f"run {need.name!r} takes {need.gpus} GPUs but only {holding} of the plan's GPUs can hold "
+            f"its share; lower its batch or fraction, lower the reserve, or use larger GPUs"
+        )
     largest = max(states, key=lambda s: (s.capacity, s.gpu.total_bytes))
     total = largest.gpu.total_bytes
     reserve = total - largest.capacity
@@ -327,14 +355,15 @@ def _reject_if_too_big(need: Need, states: Sequence[_GpuState], overhead_bytes: 
     )
 
 
-def _choose_gpu(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -> tuple[_GpuState, int, int]:
-    """Where ``need`` goes: ``(gpu state, oldest live runs that must finish first, its need there)``.
+def _choose_gpus(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -> list[tuple[_GpuState, int, int]]:
+    """Where ``need`` goes: ``need.gpus`` of ``(gpu state, oldest live runs that must finish
+    first, its need there)``.
 
-    The GPU where it waits for the fewest runs in all (those already planned to finish there plus
-    the ones it needs freed), then the one it leaves with the least capacity (best fit), then the
+    The GPUs where it waits for the fewest runs in all (those already planned to finish there plus
+    the ones it needs freed), then those it leaves with the least capacity (best fit), then the
     first given.
     """
-    best: tuple[tuple[int, int, int], _GpuState, int, int] | None = None
+    options: list[tuple[tuple[int, int, int], _GpuState, int, int]] = []
     for position, state in enumerate(states):
         total = state.gpu.total_bytes
         if not need.fits_pool_on(total):
@@ -345,10 +374,11 @@ def _choose_gpu(need: Need, states: Sequence[_GpuState], overhead_bytes: int) ->
             continue
         still_live = state.used() - sum(n for _, n in state.live[:releases])
         key = (len(state.finished) + releases, state.capacity - still_live - bytes_needed, position)
-        if best is None or key < best[0]:
-            best = (key, state, releases, bytes_needed)
-    assert best is not None  # _reject_if_too_big made sure some GPU holds it alone
-    return best[1], best[2], best[3]
+        options.append((key, state, releases, bytes_needed))
+    options.sort(key=lambda option: option[0])
+    assert len(options) >= need.gpus  # _reject_if_too_big made sure enough GPUs hold it alone
+    chosen = options[: need.gpus]
+    return [(state, releases, bytes_needed) for _, state, releases, bytes_needed in sorted(chosen, key=lambda o: o[0][2])]
 
 
 def plan(needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int = 0, overhead_bytes: int = 0) -> Plan:
@@ -381,28 +411,36 @@ def plan(needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int = 0, ove
     placements: list[Placement] = []
     for start, i in enumerate(order):
         need = needs[i]
-        state, releases, bytes_needed = _choose_gpu(need, states, overhead_bytes)
-        state.finished.extend(name for name, _ in state.live[:releases])
-        del state.live[:releases]
-        state.live.append((need.name, bytes_needed))
-        state.planned = max(state.planned, state.used())
-        after = tuple(state.finished)
+        chosen = _choose_gpus(need, states, overhead_bytes)
+        after_names: list[str] = []
+        for state, releases, bytes_needed in chosen:
+            state.finished.extend(name for name, _ in state.live[:releases])
+            del state.live[:releases]
+            state.live.append((need.name, bytes_needed))
+            state.planned = max(state.planned, state.used())
+            after_names += [name for name in state.finished if name not in after_names]
+        after = tuple(after_names)
         if not after:
-            state.initial += bytes_needed
+            for state, _, bytes_needed in chosen:
+                state.initial += bytes_needed
         waves[need.name] = 1 + max(waves[name] for name in after) if after else 0
-        total = state.gpu.total_bytes
+        # One fraction on every GPU of the run: the largest any of them needs (equal totals: the same).
+        first, _, _ = chosen[0]
+        largest = max(chosen, key=lambda c: (need.fraction_on(c[0].gpu.total_bytes), c[2]))
+        total = largest[0].gpu.total_bytes
         placements.append(
             Placement(
                 name=need.name,
-                gpu=state.gpu.index,
+                gpu=first.gpu.index,
                 mem_fraction=need.fraction_on(total),
                 peak_bytes=need.peak_bytes,
                 pool_bytes=need.pool_on(total),
-                need_bytes=bytes_needed,
+                need_bytes=largest[2],
                 priority=need.priority,
                 start=start,
                 wave=waves[need.name],
                 after=after,
+                gpus=tuple(state.gpu.index for state, _, _ in chosen),
             )
         )
 
@@ -413,7 +451,7 @@ def plan(needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int = 0, ove
             capacity_bytes=s.capacity,
             initial_bytes=s.initial,
             planned_bytes=s.planned,
-            runs=tuple(p.name for p in placements if p.gpu == s.gpu.index),
+            runs=tuple(p.name for p in placements if s.gpu.index in p.gpus),
         )
         for s in states
     )
