@@ -290,3 +290,63 @@ experiments:
     assert (run["batch_size"], run["grad_accum_steps"], run["mem_fraction"]) == (1, 1, 0.05)
     assert run["command"][-1] == "--batch-size=1" and not any("--grad-accum-steps" in a for a in run["command"])
     assert run["fitted"] and 0 < run["peak_bytes"] <= 0.05 * GiB
+
+
+def test_a_two_gpu_run_next_to_single_gpu_runs(tmp_path, shared_cache):
+    """``gpus: 2``: scripts/train.py --fsdp-devices=2 on two logical GPUs (host devices), planned on
+    both beside two single-GPU runs, run for real to the end; a third GPU asked for is refused."""
+    two_devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "WANDB_MODE": "disabled"}
+    experiments = [
+        {
+            "name": "sharded",
+            "command": [
+                *_absolute("python scripts/train.py debug"),
+                "--exp-name=sharded",
+                "--fsdp-devices=2",
+                "--fsdp-min-bytes=1",
+                "--num-train-steps=4",
+                "--overwrite",
+            ],
+            "gpus": 2,
+            "fraction": 0.3,
+            "env": two_devices,
+        },
+    ] + [
+        {
+            "name": f"single-{i}",
+            "command": [
+                *_absolute("python scripts/train.py debug"),
+                f"--exp-name=single-{i}",
+                "--num-train-steps=4",
+                "--overwrite",
+            ],
+            "batch": 8,
+            "fraction": 0.3,
+            "env": {"WANDB_MODE": "disabled"},
+        }
+        for i in range(2)
+    ]
+    queue = tmp_path / "q.yaml"
+    queue.write_text(yaml.safe_dump({"reserve": 0, "process_overhead": 0, "experiments": experiments}))
+    proc = _cli(
+        "schedule", str(queue), "--gpus", "2", "--device-memory", "1GiB", "--json", "result.json",
+        "--monitor-interval", "0.5", *FAST, f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}",
+        cwd=tmp_path, env=shared_cache, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    data = json.loads((tmp_path / "result.json").read_text())
+    rows = {row["name"]: row for row in data["experiments"]}
+    assert rows["sharded"]["gpus"] == [0, 1]
+    assert [len(rows[f"single-{i}"]["gpus"]) for i in range(2)] == [1, 1]
+    assert "0,1" in proc.stdout  # the status table shows it on both GPUs
+    assert {name: row["state"] for name, row in rows.items()} == dict.fromkeys(rows, "done")
+    assert rows["sharded"]["batch_size"] % 2 == 0  # fitted over the script's two devices
+    log = Path(rows["sharded"]["log_path"]).read_text()
+    assert "devices=2 (cpu) fsdp_devices=2" in log
+    assert Path(data["timeline"]).read_bytes()[:4] == b"\x89PNG"
+
+    experiments[0]["gpus"] = 3
+    queue.write_text(yaml.safe_dump({"reserve": 0, "process_overhead": 0, "experiments": experiments}))
+    refused = _cli("schedule", str(queue), "--gpus", "2", "--device-memory", "1GiB", "--dry-run", cwd=tmp_path)
+    assert "experiment 'sharded' takes gpus: 3 but the plan has 2 GPUs" in error_line(refused)
+    assert "round" not in refused.stderr  # refused before any fit

@@ -87,6 +87,8 @@ def status_table(store: StateStore, title: str = "") -> Table:
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     now = time.time()
+    plan = store.meta("plan") or {}
+    gpus_of = {p["name"]: p.get("gpus") or [p["gpu"]] for p in plan.get("placements", [])}
     colours = {"done": "green", "running": "cyan", "failed": "red", "timeout": "red", "interrupted": "yellow"}
     for r in store.experiments():
         elapsed = ""
@@ -100,7 +102,7 @@ def status_table(store: StateStore, title: str = "") -> Table:
             pinned = "yes" if status["program_pinned"] else "no"
         table.add_row(
             r.name,
-            str(r.gpu),
+            ",".join(map(str, gpus_of.get(r.name) or [r.gpu])),
             f"{r.mem_fraction:.2f}",
             str(r.batch_size),
             str(r.grad_accum_steps),
@@ -167,7 +169,8 @@ def draw(store: StateStore, path: Path, title: str = "") -> Path:
     """Draw a stored schedule's timeline PNG (one lane per GPU: planned needs, measured memory)."""
     from jaxfit.schedule.timeline import draw_timeline
 
-    gpus = [(g.index, g.total_bytes, g.capacity_bytes) for g in packing.Plan.from_dict(store.meta("plan")).gpus]
+    plan = packing.Plan.from_dict(store.meta("plan"))
+    gpus = [(g.index, g.total_bytes, g.capacity_bytes) for g in plan.gpus]
     return draw_timeline(
         path,
         store.experiments(),
@@ -175,6 +178,7 @@ def draw(store: StateStore, path: Path, title: str = "") -> Path:
         store.samples(),
         gpus,
         title=title or f"jaxfit schedule {Path(store.meta('queue')['source']).stem}",
+        run_gpus={p.name: p.gpus for p in plan.placements},
     )
 
 

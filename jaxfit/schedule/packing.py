@@ -378,7 +378,9 @@ def _choose_gpus(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -
     options.sort(key=lambda option: option[0])
     assert len(options) >= need.gpus  # _reject_if_too_big made sure enough GPUs hold it alone
     chosen = options[: need.gpus]
-    return [(state, releases, bytes_needed) for _, state, releases, bytes_needed in sorted(chosen, key=lambda o: o[0][2])]
+    return [
+        (state, releases, bytes_needed) for _, state, releases, bytes_needed in sorted(chosen, key=lambda o: o[0][2])
+    ]
 
 
 def plan(needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int = 0, overhead_bytes: int = 0) -> Plan:

@@ -17,7 +17,7 @@ from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, fit_batch, fit_fraction
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.common import Progress
-from jaxfit.fit.devices import detect_gpus
+from jaxfit.fit.devices import detect_gpus, visible_entry
 from jaxfit.fit.sources import script_source
 from jaxfit.run.accumulation import BATCH_FLAG, fit_accumulated, with_steps
 from jaxfit.schedule import packing
@@ -134,7 +134,7 @@ def _measure_one(
         batch, fraction, peak, fitted = experiment.batch, experiment.fraction, None, False
         if global_batch is not None:
             batch, steps = global_batch, global_batch // experiment.batch
-        need = packing.Need(name, fraction=fraction, priority=priority)
+        need = packing.Need(name, fraction=fraction, priority=priority, gpus=experiment.gpus)
     else:
         source = script_source(list(experiment.command), batch_flag=BATCH_FLAG, probe_args=list(probe_args))
         with _extra_environment(experiment.env):
@@ -177,7 +177,9 @@ def _measure_one(
         pin = result.pin
         # The fit proved this fraction holds the peak (on a GPU the peak depends on the limit, so
         # a smaller fraction worked out from the peak alone is not proven): the run needs it.
-        need = packing.Need(name, peak_bytes=peak, fraction=fraction, priority=priority, headroom_bytes=headroom)
+        need = packing.Need(
+            name, peak_bytes=peak, fraction=fraction, priority=priority, headroom_bytes=headroom, gpus=experiment.gpus
+        )
     run = ScheduledRun(
         name=name,
         command=with_steps(experiment.command, batch, steps),
@@ -210,10 +212,15 @@ def _measure(
     options = options_base if on_device else dataclasses.replace(options_base, device_memory_bytes=gpu_total_bytes)
     share: float | None = None
     if any(e.auto_batch and e.auto_fraction for e in queue.experiments):
-        runs_per_gpu = math.ceil(len(queue.experiments) / gpu_count)
+        runs_per_gpu = math.ceil(sum(e.gpus for e in queue.experiments) / gpu_count)
         share = equal_share(gpu_total_bytes, runs_per_gpu, queue.reserve_bytes, overhead)
     out = []
     for experiment in queue.experiments:
+        env = dict(experiment.env)
+        if on_device and "CUDA_VISIBLE_DEVICES" not in env:
+            # The probe sees as many GPUs as the run will: its script shards over what it sees.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_entry(i) for i in range(experiment.gpus))
+        experiment = dataclasses.replace(experiment, env=env)
         try:
             out.append(_measure_one(experiment, options, share or 1.0, probe_args, progress))
         except DoesNotFitError as err:  # its advice in the queue's words, not the CLI's
@@ -293,6 +300,13 @@ def plan_queue(
     """
     if not gpus:
         raise ConfigError(f"no GPU to plan on; {NO_GPU_HINT}")
+    for experiment in queue.experiments:  # before any fit: a run that cannot be placed at all
+        if experiment.gpus > len(gpus):
+            raise ConfigError(
+                f"experiment {experiment.name!r} takes gpus: {experiment.gpus} but the plan has {len(gpus)} "
+                f"GPU{'s' if len(gpus) != 1 else ''}; plan on {experiment.gpus} or more (gpus: in the queue, "
+                "--gpus) or lower its gpus"
+            )
     smallest = min(g.total_bytes for g in gpus)
     measured = _measure(queue, smallest, len(gpus), options_base, progress, probe_args, on_device)
     plan = packing.plan(
@@ -412,7 +426,7 @@ def schedule_table(runs: Sequence[ScheduledRun], plan: packing.Plan) -> Any:
         run = by_name[p.name]
         table.add_row(
             p.name,
-            str(p.gpu),
+            ",".join(map(str, p.gpus)),
             f"{p.mem_fraction:.2f}",
             f"{run.batch_size}" + ("" if run.fitted else " (given)"),
             str(run.grad_accum_steps),

@@ -16,6 +16,8 @@ A queue file is YAML::
         priority: 0                    # optional int; higher starts first (default 0)
         timeout: 2h                    # optional: seconds, or 90s, 30m, 2h, 1h30m (default none)
         env: {KEY: value}              # optional extra environment
+        gpus: 2                        # optional: GPUs the run takes at once (default 1): a
+                                       # sharded run, the same fraction on each, its batch global
 
 Sizes are read by :func:`jaxfit.fit.budget.parse_size` (``96GiB``, ``80GB``, ``618MiB``, bytes).
 A queue file must not have a top-level ``family:`` key: queue files may live in ``configs/`` next
@@ -58,6 +60,7 @@ EXPERIMENT_KEYS: tuple[str, ...] = (
     "priority",
     "timeout",
     "env",
+    "gpus",
 )
 """The keys one experiment of a queue file may have."""
 
@@ -110,6 +113,8 @@ class Experiment:
       priority: Higher starts first; equal priorities keep no particular order.
       timeout: Seconds after which the run is stopped, or None for no limit.
       env: Extra environment variables for the run (read-only mapping of strings).
+      gpus: GPUs the run takes at once (its script shards over all it sees; each gets the same
+        fraction).
       index: Position of the experiment in the file's ``experiments`` list (0-based).
     """
 
@@ -123,6 +128,7 @@ class Experiment:
     timeout: float | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}), hash=False)
     index: int = 0
+    gpus: int = 1
 
     @property
     def auto_batch(self) -> bool:
@@ -147,6 +153,7 @@ class Experiment:
             "priority": self.priority,
             "timeout": self.timeout,
             "env": sorted(self.env),  # which variables are set, never their values (they may be secrets)
+            "gpus": self.gpus,
         }
 
 
@@ -439,6 +446,7 @@ def _parse_experiment(data: Any, index: int, source: str) -> Experiment:
         except ConfigError as err:
             raise ConfigError(f"{where}: timeout={data['timeout']!r}: {err}") from None
     env = _parse_env(data["env"], where) if data.get("env") is not None else types.MappingProxyType({})
+    gpus = _parse_int(data.get("gpus", 1), where, "gpus", 1)
     return Experiment(
         name=name,
         command=command,
@@ -450,6 +458,7 @@ def _parse_experiment(data: Any, index: int, source: str) -> Experiment:
         timeout=timeout,
         env=env,
         index=index,
+        gpus=gpus,
     )
 
 

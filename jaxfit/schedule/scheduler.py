@@ -122,6 +122,7 @@ class Scheduler:
         self.capacity = {g.index: g.capacity_bytes for g in self.plan.gpus}
         self.totals = {g.index: g.total_bytes for g in self.plan.gpus}
         self.waves: dict[str, int] = {p.name: p.wave for p in self.plan.placements}
+        self.gpus_of: dict[str, tuple[int, ...]] = {p.name: p.gpus for p in self.plan.placements}
         self.handles: dict[str, Handle] = {}
         self.attempt_started: dict[str, float] = {}
         self.stopping_since: dict[str, float] = {}
@@ -143,6 +144,7 @@ class Scheduler:
             "scheduled": True,
             "schedule": str(self.state_dir),
             "gpu": record.gpu,
+            "gpus": list(self._gpus(record)),
             "mem_fraction": record.mem_fraction,
             "batch_size": record.batch_size,
             "grad_accum_steps": record.grad_accum_steps,
@@ -151,6 +153,10 @@ class Scheduler:
             "attempt": attempt,
             "backend": self.launcher.name,
         }
+
+    def _gpus(self, record: ExperimentRecord) -> tuple[int, ...]:
+        """Every GPU the run takes (its plan placement; one for most runs)."""
+        return self.gpus_of.get(record.name) or (record.gpu,)
 
     def _spec(self, record: ExperimentRecord, attempt: int) -> LaunchSpec:
         logs = self.state_dir / "logs"
@@ -169,7 +175,7 @@ class Scheduler:
         if self.logical:
             env["JAX_PLATFORMS"] = "cpu"
         else:
-            env["CUDA_VISIBLE_DEVICES"] = visible_entry(record.gpu)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_entry(gpu) for gpu in self._gpus(record))
         if self.options.wandb_group:
             env["WANDB_RUN_GROUP"] = self.options.wandb_group
         env["WANDB_MODE"] = resolve_mode(None)  # offline without credentials; a queue's env may override
@@ -186,6 +192,7 @@ class Scheduler:
             status_path=status_path_of(stem + ".log"),
             gpu=record.gpu,
             gpu_share=min(1.0, record.need_bytes / self.totals[record.gpu]),
+            gpu_count=len(self._gpus(record)),
             cwd=self.options.cwd or os.getcwd(),
         )
 
@@ -228,7 +235,8 @@ class Scheduler:
         self._event(
             "started",
             record.name,
-            f"attempt {attempt} on GPU {record.gpu} at fraction {record.mem_fraction:.2f}, batch "
+            f"attempt {attempt} on GPU {','.join(map(str, self._gpus(record)))} at fraction "
+            f"{record.mem_fraction:.2f}, batch "
             f"{record.batch_size}{accum}; log {spec.log_path}",
         )
 
@@ -237,19 +245,22 @@ class Scheduler:
         live: dict[int, int] = {}
         for r in records:
             if r.state == RunState.RUNNING:
-                live[r.gpu] = live.get(r.gpu, 0) + r.need_bytes
+                for gpu in self._gpus(r):
+                    live[gpu] = live.get(gpu, 0) + r.need_bytes
         waiting_wave: dict[int, int] = {}  # per GPU: the earliest wave of a run that still waits
         for r in records:  # plan order
             if r.state != RunState.PENDING:
                 continue
-            wave = self.waves.get(r.name, 0)
-            if r.gpu in waiting_wave and wave > waiting_wave[r.gpu]:
+            wave, gpus = self.waves.get(r.name, 0), self._gpus(r)
+            if any(gpu in waiting_wave and wave > waiting_wave[gpu] for gpu in gpus):
                 continue  # never overtake a run the plan starts in an earlier wave
-            if live.get(r.gpu, 0) + r.need_bytes <= self.capacity[r.gpu]:
+            if all(live.get(gpu, 0) + r.need_bytes <= self.capacity[gpu] for gpu in gpus):
                 self._start(r)
-                live[r.gpu] = live.get(r.gpu, 0) + r.need_bytes
-            else:
-                waiting_wave[r.gpu] = min(wave, waiting_wave.get(r.gpu, wave))
+                for gpu in gpus:
+                    live[gpu] = live.get(gpu, 0) + r.need_bytes
+            else:  # a run on several GPUs holds back each of them
+                for gpu in gpus:
+                    waiting_wave[gpu] = min(wave, waiting_wave.get(gpu, wave))
 
     # -- ending -------------------------------------------------------------------------------------
 
@@ -478,10 +489,14 @@ def pin_status(record: ExperimentRecord) -> dict[str, Any]:
 
 
 def result_rows(store: StateStore) -> list[dict[str, Any]]:
-    """The ``--json`` entries after a run: name, gpu, mem_fraction, batch_size, state, attempts, times..."""
+    """The ``--json`` entries after a run: name, gpu (and every GPU, ``gpus``), mem_fraction,
+    batch_size, state, attempts, times..."""
     rows = []
+    plan = store.meta("plan") or {}
+    gpus_of = {p["name"]: p.get("gpus") or [p["gpu"]] for p in plan.get("placements", [])}
     for record in store.experiments():
         data = record.to_dict()
+        data["gpus"] = list(gpus_of.get(record.name) or [record.gpu])
         data.update(pin_status(record))
         data["micro_batch_size"] = record.batch_size // max(1, record.grad_accum_steps)
         data["duration_seconds"] = (

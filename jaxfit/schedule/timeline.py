@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ def draw_timeline(
     samples: Sequence[Sample],
     gpus: Sequence[tuple[int, int, int]],
     title: str = "",
+    run_gpus: Mapping[str, Sequence[int]] | None = None,
 ) -> Path:
     """Draw the timeline of a schedule to the PNG ``path`` and return it.
 
@@ -71,6 +72,8 @@ def draw_timeline(
         order. A GPU an experiment or a sample names but ``gpus`` does not gets a lane of its own,
         without total and capacity lines.
       title: The figure's title.
+      run_gpus: Every GPU of a run that takes several (``gpus: N``): its bar is drawn on each
+        lane; other runs are on their experiment's GPU.
 
     Raises:
       ConfigError: matplotlib is missing, ``path`` is a folder, or it cannot be written.
@@ -88,12 +91,13 @@ def draw_timeline(
 
     by_name = {e.name: e for e in experiments}
     runs = [a for a in attempts if a.name in by_name]
+    lanes_of = {e.name: tuple((run_gpus or {}).get(e.name) or (e.gpu,)) for e in experiments}
     order = {e.name: i for i, e in enumerate(sorted(experiments, key=lambda e: (e.position, e.name)))}
 
     # Lanes: the given GPUs in order, then any other GPU the data names.
     lanes: list[tuple[int, int | None, int | None]] = [(int(i), int(t), int(c)) for i, t, c in gpus]
     known = {lane[0] for lane in lanes}
-    extra = {by_name[a.name].gpu for a in runs} | {e.gpu for e in experiments} | {s.gpu for s in samples}
+    extra = {g for e in experiments for g in lanes_of[e.name]} | {s.gpu for s in samples}
     lanes += [(g, None, None) for g in sorted(extra - known)]
 
     # The time axis: 0 at the first start; attempts still running reach the last timestamp.
@@ -115,7 +119,7 @@ def draw_timeline(
 
     for ax, (gpu, total, capacity) in zip(axes, lanes):
         lane_runs = sorted(
-            (a for a in runs if by_name[a.name].gpu == gpu),
+            (a for a in runs if gpu in lanes_of[a.name]),
             key=lambda a: (a.started_at, order[a.name], a.attempt),
         )
         intervals = [

@@ -45,6 +45,8 @@ class LaunchSpec:
       gpu_share: The share of that GPU the plan charges the run (its need over the GPU's total),
         what the Ray backend asks for as ``num_gpus``.
       cwd: The working directory of the command.
+      gpu_count: GPUs the run takes (``gpus: N`` in the queue); above 1 the Ray backend asks for
+        that many whole GPUs.
     """
 
     name: str
@@ -56,6 +58,7 @@ class LaunchSpec:
     gpu: int
     gpu_share: float
     cwd: str
+    gpu_count: int = 1
 
 
 class Handle(Protocol):

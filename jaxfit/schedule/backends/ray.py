@@ -394,7 +394,7 @@ class RayLauncher:
         """Submit the attempt's Ray task; it starts once Ray finds ``spec.gpu_share`` of a GPU free."""
         if self._closed:
             raise ConfigError("the ray launcher is closed")
-        num_gpus = ray_gpu_request(spec.gpu_share)
+        num_gpus = float(spec.gpu_count) if spec.gpu_count > 1 else ray_gpu_request(spec.gpu_share)
         if num_gpus > 0 and self._local_gpus == 0:
             raise ConfigError("the local Ray found no GPU: give it logical GPUs (num_gpus) or use a cluster with GPUs")
         for stale in (spec.status_path, _pid_path(spec.status_path)):
