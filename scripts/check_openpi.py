@@ -74,6 +74,10 @@ def main() -> int:
     (out / "wandb").mkdir(exist_ok=True)
     train = [args.python, "scripts/train.py", "debug"]
     checkpoints = openpi / "checkpoints" / "debug"
+    # A check cut short earlier may have left its folders: the fit check asks whether the probe
+    # leaves one, so none may be there before it starts.
+    for stale in checkpoints.glob(f"{EXP}*"):
+        shutil.rmtree(stale, ignore_errors=True)
     rows: list[dict[str, Any]] = []
 
     def record(name: str, ok: bool, detail: str, seconds: float) -> None:
