@@ -149,7 +149,7 @@ def _find_batch_arg(args: tuple, batch_size: Optional[int]) -> "tuple[int, int]"
     )
 
 
-def jax_devices_of(tree: Any) -> set:
+def _devices_of(tree: Any) -> set:
     """The devices the arrays of ``tree`` are placed on."""
     import jax
 
@@ -248,7 +248,7 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
         mesh = server_mod.mesh_of(args)
         if mesh:  # the script's own mesh: the batch is split over its devices
             description["mesh"] = mesh
-            description["device_count"] = len(jax_devices_of(args)) or 1
+            description["device_count"] = len(_devices_of(args)) or 1
         names = server_mod.argument_names(fun, len(args))
 
         def components(batch: int) -> list:

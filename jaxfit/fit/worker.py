@@ -10,20 +10,13 @@ docs/facts.md #3), with the workload source in ``$JAXFIT_WORKLOAD_SOURCE``. The 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-from collections.abc import Iterable
 
 from jaxfit._probe import jaxfit_compile_server as server_mod
 
 SOURCE_ENV = "JAXFIT_WORKLOAD_SOURCE"
-
-
-def _product(values: Iterable[int]) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 def main() -> int:
@@ -40,7 +33,7 @@ def main() -> int:
         if "mesh" not in description:  # a workload that brings its own shardings
             own = server_mod.mesh_of(workload.abstract_args(max(1, mesh.devices)))
             if own:
-                description.update(mesh=own, device_count=_product(own.values()))
+                description.update(mesh=own, device_count=math.prod(own.values()))
 
         def components(batch: int) -> list:
             args = workload.abstract_args(batch)
