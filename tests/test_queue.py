@@ -336,7 +336,18 @@ def test_valid_key_lists_are_complete() -> None:
         "priority",
         "timeout",
         "env",
+        "gpus",
     }
+
+
+def test_an_experiment_on_several_gpus() -> None:
+    queue = parse_queue({"experiments": [_experiment(gpus=2), _experiment(name="b")]}, "q.yaml")
+    assert [e.gpus for e in queue.experiments] == [2, 1]
+    assert queue.experiments[0].to_dict()["gpus"] == 2
+    for bad in (0, "two", 1.5):
+        with pytest.raises(ConfigError, match=r"gpus=.* must be an integer >= 1") as err:
+            parse_queue({"experiments": [_experiment(gpus=bad)]}, "q.yaml")
+        _one_line(err)
 
 
 @pytest.mark.parametrize(
