@@ -79,8 +79,8 @@ class MeshArgs:
 
     Attributes:
       devices: Devices of the (batch, fsdp) mesh: the batch is split over all of them, so the
-        answer is a multiple of this. On a machine with fewer GPUs the step is compiled for a
-        mocked topology of this many (never run); on a CPU-only machine, as host devices.
+        answer is a multiple of this. At most the GPUs this machine has (jaxfit plan compiles
+        for more, on a mocked topology); on a CPU-only machine, host devices.
       fsdp: Devices each parameter and optimizer-state array is sharded over (openpi's
         --fsdp-devices); it must divide --devices. 1: data parallel, everything replicated.
       fsdp_min_size: Arrays smaller than this stay replicated under FSDP (openpi: 4MiB).

@@ -44,11 +44,14 @@ class MeshSpec:
         fewer, a mocked topology of that many, compiled but never run).
       fsdp: Devices each parameter is sharded over; it must divide ``devices``.
       min_shard_bytes: Arrays smaller than this are replicated.
+      allow_mock: On a GPU machine with fewer GPUs than ``devices``, compile for a mocked topology
+        (``jaxfit plan``'s what-if cells) instead of refusing (``jaxfit fit``).
     """
 
     devices: int = 1
     fsdp: int = 1
     min_shard_bytes: int = MIN_SHARD_BYTES
+    allow_mock: bool = False
 
     def validate(self) -> MeshSpec:
         """Check the sizes (one-line :class:`ConfigError` naming the flag); returns ``self``."""
@@ -230,13 +233,16 @@ MOCK_FLAGS = "--xla_gpu_shard_autotuning=false"
 MaxText's GPU ahead-of-time path sets it too (docs/facts.md #13)."""
 
 
-def prepare_devices(count: int) -> Topology:
+def prepare_devices(count: int, allow_mock: bool = True) -> Topology:
     """Make ``count`` devices visible to this process before JAX starts its backend.
 
     On a machine without GPUs: ``count`` CPU devices (``XLA_FLAGS``). On a GPU machine with at
     least ``count`` visible GPUs: nothing to do. With fewer: a mocked topology of ``count`` GPUs
     (``jax_mock_gpu_topology``, ``jax_cuda_visible_devices=0``), whose programs compile against
-    the real first GPU's memory limit and cannot run.
+    the real first GPU's memory limit and cannot run; without ``allow_mock``, a one-line error.
+
+    Raises:
+      ConfigError: fewer GPUs than ``count`` and no ``allow_mock``.
     """
     import os
     import re
@@ -256,6 +262,11 @@ def prepare_devices(count: int) -> Topology:
         return "host"
     if gpus >= count:
         return "real"
+    if not allow_mock:
+        raise ConfigError(
+            f"--devices {count} needs {count} GPUs and this process sees {gpus}; use --devices {gpus} or fewer, "
+            f"or plan for {count} with jaxfit plan --devices {count} (compiled for a mocked topology)"
+        )
     import jax
 
     os.environ["XLA_FLAGS"] = f"{flags} {MOCK_FLAGS}".strip()

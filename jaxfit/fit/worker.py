@@ -27,7 +27,7 @@ def main() -> int:
 
         source = from_json(os.environ[SOURCE_ENV])
         mesh = getattr(source, "mesh", None) or MeshSpec()
-        topology = prepare_devices(mesh.devices)  # before JAX starts its backend
+        topology = prepare_devices(mesh.devices, mesh.allow_mock)  # before JAX starts its backend
         workload = build_workload(source)
         description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))
         if "mesh" not in description:  # a workload that brings its own shardings
