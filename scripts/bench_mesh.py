@@ -39,7 +39,7 @@ def _log(out: Path, record: dict) -> None:
     record["at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     with (out / "raw.jsonl").open("a") as f:
         f.write(json.dumps(record) + "\n")
-    print(json.dumps({k: v for k, v in record.items() if k not in ("stdout_tail", "stderr_tail")}), flush=True)
+    print(json.dumps({k: v for k, v in record.items() if not k.endswith("_tail")}), flush=True)
 
 
 def _gpu_count() -> int:
@@ -77,18 +77,26 @@ def answers_main(args: argparse.Namespace) -> int:
             cmd += ["--max-batch", str(args.max_batch)]
             cmd += ["--json", str(result_file), "--", *_train_args(args.config, fsdp, folder)]
             start = time.time()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            # Streamed to a file as it goes: a run cut by the time limit keeps what it said.
+            log = out / f"run-fsdp{fsdp}.log"
+            with log.open("w") as f:
+                try:
+                    rc: int | None = subprocess.run(
+                        cmd, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout
+                    ).returncode
+                except subprocess.TimeoutExpired:
+                    rc = None
+            text = log.read_text(errors="replace")
             record: dict = {
                 "kind": "answer",
                 "config": args.config,
                 "fsdp": fsdp,
                 "devices": devices,
                 "fraction": args.fraction,
-                "rc": proc.returncode,
+                "rc": rc,
                 "wall_s": round(time.time() - start, 1),
-                "oom": any(m in proc.stdout + proc.stderr for m in OOM),
-                "stdout_tail": proc.stdout[-1500:],
-                "stderr_tail": proc.stderr[-1500:],
+                "oom": any(m in text for m in OOM),
+                "log_tail": text[-1500:],
             }
             if result_file.exists():
                 data = json.loads(result_file.read_text())
@@ -104,7 +112,7 @@ def answers_main(args: argparse.Namespace) -> int:
                     pinned_peak_bytes=data.get("pinned_peak_bytes"),
                     fit_wall_s=fit.get("wall_seconds"),
                 )
-            for line in proc.stdout.splitlines():
+            for line in text.splitlines():
                 if line.startswith("memory: peak_bytes_in_use="):
                     record["peak_bytes_in_use_gpu0"] = int(line.split("=")[1].split()[0])
             _log(out, record)
@@ -187,7 +195,7 @@ def table_main(args: argparse.Namespace) -> int:
         if r["kind"] != "answer":
             continue
         nxt = next((n for n in records if n["kind"] == "next-up" and n["fsdp"] == r["fsdp"]), None)
-        ran = "yes" if r["rc"] == 0 else f"no (rc {r['rc']})"
+        ran = "yes" if r["rc"] == 0 else ("timed out" if r["rc"] is None else f"no (rc {r['rc']})")
         up = "-" if nxt is None else ("out of memory" if nxt["oom"] else f"ran (rc {nxt['rc']})")
         print(
             f"| {r['fsdp']} | {r['devices']} | {r.get('batch')} | {r.get('peak_bytes') or 0:,} "
