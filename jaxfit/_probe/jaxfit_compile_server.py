@@ -147,34 +147,28 @@ def function_name(fun: Any) -> str:
     return getattr(fun, "__name__", None) or type(fun).__name__
 
 
-def tree_bytes(tree: Any) -> int:
-    """Bytes of the array leaves of ``tree`` (abstract or concrete)."""
-    import jax
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of ``dtype`` (extended dtypes, PRNG keys, have their own ``itemsize``)."""
     import numpy as np
 
-    total = 0
-    for x in jax.tree_util.tree_leaves(tree):
-        if hasattr(x, "shape") and hasattr(x, "dtype"):
-            size = 1
-            for d in x.shape:
-                size *= int(d)
-            itemsize = getattr(x.dtype, "itemsize", None)  # extended dtypes (PRNG keys) have their own
-            total += size * (itemsize if isinstance(itemsize, int) else np.dtype(x.dtype).itemsize)
-    return total
+    size = getattr(dtype, "itemsize", None)
+    return size if isinstance(size, int) else np.dtype(dtype).itemsize
 
 
-def shard_bytes(tree: Any) -> int:
-    """Bytes of the array leaves of ``tree`` held by one device: a leaf sharded over a mesh counts
-    its shard (``sharding.shard_shape``), any other leaf its whole size."""
+def tree_bytes(tree: Any, per_device: bool = False) -> int:
+    """Bytes of the array leaves of ``tree`` (abstract or concrete).
+
+    ``per_device``: what one device holds: a leaf sharded over a mesh counts its shard
+    (``sharding.shard_shape``), any other leaf its whole size.
+    """
     import jax
-    import numpy as np
 
     total = 0
     for x in jax.tree_util.tree_leaves(tree):
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
             continue
         shape = tuple(x.shape)
-        sharding = getattr(x, "sharding", None)
+        sharding = getattr(x, "sharding", None) if per_device else None
         try:
             if sharding is not None:
                 shape = tuple(sharding.shard_shape(shape))
@@ -183,8 +177,7 @@ def shard_bytes(tree: Any) -> int:
         size = 1
         for d in shape:
             size *= int(d)
-        itemsize = getattr(x.dtype, "itemsize", None)
-        total += size * (itemsize if isinstance(itemsize, int) else np.dtype(x.dtype).itemsize)
+        total += size * itemsize(x.dtype)
     return total
 
 
@@ -240,18 +233,18 @@ def describe_arguments(
     for i, arg in enumerate(args):
         name = names[i] if i < len(names) else "arg%d" % i
         if i == batch_index:
-            out.append(["batch", shard_bytes(arg), tree_bytes(arg)])
+            out.append(["batch", tree_bytes(arg, per_device=True), tree_bytes(arg)])
             continue
         children = _children(arg)
         if children is None or tree_bytes(arg) == 0:
-            out.append([name, shard_bytes(arg), tree_bytes(arg)])
+            out.append([name, tree_bytes(arg, per_device=True), tree_bytes(arg)])
             continue
         labels = (field_names or {}).get(name)
         for k, (field, value) in enumerate(children):
             size = tree_bytes(value)
             if size:
                 label = labels[k] if labels and k < len(labels) else field
-                out.append(["%s.%s" % (name, label), shard_bytes(value), size])
+                out.append(["%s.%s" % (name, label), tree_bytes(value, per_device=True), size])
     return out
 
 

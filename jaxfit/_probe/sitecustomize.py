@@ -149,20 +149,6 @@ def _find_batch_arg(args: tuple, batch_size: Optional[int]) -> "tuple[int, int]"
     )
 
 
-def _devices_of(tree: Any) -> set:
-    """The devices the arrays of ``tree`` are placed on."""
-    import jax
-
-    found: set = set()
-    for x in jax.tree_util.tree_leaves(tree):
-        sharding = getattr(x, "sharding", None)
-        try:
-            found.update(sharding.device_set)
-        except Exception:
-            pass
-    return found
-
-
 def _abstract(x: Any, batch: int) -> Any:
     """The abstract array of ``x`` with leading size ``batch``: as jit sees ``x`` (its sharding only
     when ``x`` is committed to it, its weak type), so the program lowers exactly as the real call."""
@@ -248,7 +234,6 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
         mesh = server_mod.mesh_of(args)
         if mesh:  # the script's own mesh: the batch is split over its devices
             description["mesh"] = mesh
-            description["device_count"] = len(_devices_of(args)) or 1
         names = server_mod.argument_names(fun, len(args))
 
         def components(batch: int) -> list:

@@ -52,7 +52,7 @@ def mesh_facts(workload: Mapping[str, Any], info: DeviceInfo) -> tuple[int, dict
     description = workload.get("description", {})
     mesh = {str(k): int(v) for k, v in (description.get("mesh") or {}).items()}
     if mesh:
-        return int(description.get("device_count") or math.prod(mesh.values())), mesh
+        return math.prod(mesh.values()), mesh
     return (info.device_count if "script" in description else 1), {}
 
 

@@ -146,15 +146,13 @@ def array_sharding(
 def fsdp_sharding(tree: Any, mesh: jax.sharding.Mesh, min_bytes: int = MIN_SHARD_BYTES) -> Any:
     """The sharding of every array leaf of ``tree`` (abstract or concrete) by :func:`array_sharding`."""
     import jax
-    import numpy as np
+
+    from jaxfit._probe.jaxfit_compile_server import itemsize
 
     def leaf(x: Any) -> Any:
         if not hasattr(x, "shape"):
             return replicated(mesh)
-        itemsize = getattr(x.dtype, "itemsize", None)
-        return array_sharding(
-            tuple(x.shape), itemsize if isinstance(itemsize, int) else np.dtype(x.dtype).itemsize, mesh, min_bytes
-        )
+        return array_sharding(tuple(x.shape), itemsize(x.dtype), mesh, min_bytes)
 
     return jax.tree_util.tree_map(leaf, tree)
 
@@ -216,7 +214,7 @@ def shard_workload(workload: Workload, spec: MeshSpec) -> Workload:
         out_shardings: Any = tuple(place_output(o) for o in outputs)
     else:
         out_shardings = place_output(outputs)
-    description = dict(workload.description, mesh=spec.axes(), device_count=spec.devices)
+    description = dict(workload.description, mesh=spec.axes())
     # The input shardings travel on the abstract arguments themselves (jit takes them from there).
     return dataclasses.replace(
         workload, abstract_args=abstract_args, out_shardings=out_shardings, description=description

@@ -10,7 +10,6 @@ docs/facts.md #3), with the workload source in ``$JAXFIT_WORKLOAD_SOURCE``. The 
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
@@ -33,7 +32,7 @@ def main() -> int:
         if "mesh" not in description:  # a workload that brings its own shardings
             own = server_mod.mesh_of(workload.abstract_args(max(1, mesh.devices)))
             if own:
-                description.update(mesh=own, device_count=math.prod(own.values()))
+                description["mesh"] = own
 
         def components(batch: int) -> list:
             args = workload.abstract_args(batch)

@@ -113,13 +113,6 @@ def abstractify(tree: Any) -> Any:
 
 def count_bytes(tree: Any) -> int:
     """Total bytes of the array leaves of ``tree`` (abstract or concrete)."""
-    import jax
+    from jaxfit._probe.jaxfit_compile_server import tree_bytes
 
-    total = 0
-    for x in jax.tree_util.tree_leaves(tree):
-        if hasattr(x, "shape") and hasattr(x, "dtype"):
-            size = 1
-            for d in x.shape:
-                size *= int(d)
-            total += size * jax.numpy.dtype(x.dtype).itemsize
-    return total
+    return tree_bytes(tree)

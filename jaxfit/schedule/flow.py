@@ -87,8 +87,8 @@ def status_table(store: StateStore, title: str = "") -> Table:
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     now = time.time()
-    plan = store.meta("plan") or {}
-    gpus_of = {p["name"]: p.get("gpus") or [p["gpu"]] for p in plan.get("placements", [])}
+    plan = store.meta("plan")
+    gpus_of = packing.Plan.from_dict(plan).gpus_of() if plan else {}
     colours = {"done": "green", "running": "cyan", "failed": "red", "timeout": "red", "interrupted": "yellow"}
     for r in store.experiments():
         elapsed = ""
@@ -178,7 +178,7 @@ def draw(store: StateStore, path: Path, title: str = "") -> Path:
         store.samples(),
         gpus,
         title=title or f"jaxfit schedule {Path(store.meta('queue')['source']).stem}",
-        run_gpus={p.name: p.gpus for p in plan.placements},
+        run_gpus=plan.gpus_of(),
     )
 
 

@@ -197,6 +197,10 @@ class Plan:
                 return placement
         raise KeyError(name)
 
+    def gpus_of(self) -> dict[str, tuple[int, ...]]:
+        """Every GPU of each run (one for most; ``gpus: N`` runs take N)."""
+        return {p.name: p.gpus for p in self.placements}
+
     def gpu(self, index: int) -> GpuPlan:
         """The plan of GPU ``index`` (KeyError if none)."""
         for gpu in self.gpus:

@@ -122,7 +122,7 @@ class Scheduler:
         self.capacity = {g.index: g.capacity_bytes for g in self.plan.gpus}
         self.totals = {g.index: g.total_bytes for g in self.plan.gpus}
         self.waves: dict[str, int] = {p.name: p.wave for p in self.plan.placements}
-        self.gpus_of: dict[str, tuple[int, ...]] = {p.name: p.gpus for p in self.plan.placements}
+        self.gpus_of = self.plan.gpus_of()
         self.handles: dict[str, Handle] = {}
         self.attempt_started: dict[str, float] = {}
         self.stopping_since: dict[str, float] = {}
@@ -492,8 +492,8 @@ def result_rows(store: StateStore) -> list[dict[str, Any]]:
     """The ``--json`` entries after a run: name, gpu (and every GPU, ``gpus``), mem_fraction,
     batch_size, state, attempts, times..."""
     rows = []
-    plan = store.meta("plan") or {}
-    gpus_of = {p["name"]: p.get("gpus") or [p["gpu"]] for p in plan.get("placements", [])}
+    plan = store.meta("plan")
+    gpus_of = packing.Plan.from_dict(plan).gpus_of() if plan else {}
     for record in store.experiments():
         data = record.to_dict()
         data["gpus"] = list(gpus_of.get(record.name) or [record.gpu])
