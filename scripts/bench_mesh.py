@@ -15,7 +15,7 @@ Usage (on the GPU machine)::
 
     python scripts/bench_mesh.py answers --out $OUT/mesh --config gpt_medium_bf16_remat --fraction 0.25
     python scripts/bench_mesh.py whatif --out $OUT/mesh --example gpt-medium-bf16-remat --fraction 0.25
-    python scripts/bench_mesh.py table benchmarks/results/h100x2/mesh
+    python scripts/bench_mesh.py table benchmarks/results/h100x2/mesh [more folders]
 
 Every record goes to ``raw.jsonl`` in ``--out`` as soon as it is made.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,65 @@ def _log(out: Path, record: dict) -> None:
     print(json.dumps({k: v for k, v in record.items() if not k.endswith("_tail")}), flush=True)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (by parent links, so children in their own sessions too)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> int | None:
+    """Run ``cmd`` with its output streamed to ``log``; None when it ran past ``timeout``.
+
+    Past the limit every process below it gets SIGABRT first, so the Python ones print where
+    each thread was (faulthandler, on through PYTHONFAULTHANDLER) into the log through their
+    parent, then the whole tree is killed: nothing is left holding a GPU for the next run.
+    """
+    env = dict(env or os.environ, PYTHONFAULTHANDLER="1")
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        below = _descendants(proc.pid)
+        _signal(below, signal.SIGABRT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal([proc.pid, *below, *_descendants(proc.pid)], signal.SIGKILL)
+        proc.wait()
+        f.write(f"\n[bench_mesh: cut at the {timeout:.0f} s limit; stacks above]\n")
+        return None
+
+
 def _gpu_count() -> int:
+    """GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
         return sum(1 for line in out.splitlines() if line.startswith("GPU "))
@@ -72,20 +131,14 @@ def answers_main(args: argparse.Namespace) -> int:
     devices = _gpu_count() or int(args.devices)
     for fsdp in args.fsdp:
         with tempfile.TemporaryDirectory() as folder:
-            result_file = out / f"run-fsdp{fsdp}.json"
+            result_file = out / f"run-{devices}x-fsdp{fsdp}.json"
             cmd = [sys.executable, "-m", "jaxfit.cli", "run", "--mem-fraction", str(args.fraction)]
-            cmd += ["--max-batch", str(args.max_batch)]
+            cmd += ["--min-batch", str(args.min_batch), "--max-batch", str(args.max_batch)]
             cmd += ["--json", str(result_file), "--", *_train_args(args.config, fsdp, folder)]
             start = time.time()
             # Streamed to a file as it goes: a run cut by the time limit keeps what it said.
-            log = out / f"run-fsdp{fsdp}.log"
-            with log.open("w") as f:
-                try:
-                    rc: int | None = subprocess.run(
-                        cmd, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout
-                    ).returncode
-                except subprocess.TimeoutExpired:
-                    rc = None
+            log = out / f"run-{devices}x-fsdp{fsdp}.log"
+            rc = _run_logged(cmd, log, args.timeout)
             text = log.read_text(errors="replace")
             record: dict = {
                 "kind": "answer",
@@ -123,13 +176,11 @@ def answers_main(args: argparse.Namespace) -> int:
             bigger = batch + step
             env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION=str(args.fraction), TF_CPP_MIN_LOG_LEVEL="2")
             start = time.time()
-            trial = subprocess.run(
-                [*_train_args(args.config, fsdp, folder), f"--batch-size={bigger}"],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=args.timeout,
+            trial_log = out / f"next-up-{devices}x-fsdp{fsdp}.log"
+            trial_rc = _run_logged(
+                [*_train_args(args.config, fsdp, folder), f"--batch-size={bigger}"], trial_log, args.next_timeout, env
             )
+            trial_text = trial_log.read_text(errors="replace")
             _log(
                 out,
                 {
@@ -139,11 +190,10 @@ def answers_main(args: argparse.Namespace) -> int:
                     "devices": devices,
                     "fraction": args.fraction,
                     "batch": bigger,
-                    "rc": trial.returncode,
+                    "rc": trial_rc,
                     "wall_s": round(time.time() - start, 1),
-                    "oom": any(m in trial.stdout + trial.stderr for m in OOM),
-                    "stdout_tail": trial.stdout[-800:],
-                    "stderr_tail": trial.stderr[-800:],
+                    "oom": any(m in trial_text for m in OOM),
+                    "log_tail": trial_text[-1500:],
                 },
             )
     return 0
@@ -151,19 +201,22 @@ def answers_main(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace, out: Path, label: str, fsdp: int, env: dict[str, str]) -> None:
     """One cell: ``jaxfit plan`` of one mesh, its progress streamed to a log in ``out``."""
-    result_file = out / f"plan-{label}-fsdp{fsdp}.json"
+    result_file = out / f"plan-{label}-{args.devices}x-fsdp{fsdp}.json"
     cmd = [sys.executable, "-m", "jaxfit.cli", "plan", "--example", args.example, "--mem-fraction", str(args.fraction)]
     cmd += ["--no-default-cards", "--card", f"{args.card_name}={args.card}", "--devices", str(args.devices)]
-    cmd += ["--fsdp", str(fsdp), "--json", str(result_file), "--no-cache", "--max-batch", str(args.max_batch)]
+    cmd += ["--fsdp", str(fsdp), "--json", str(result_file), "--no-cache"]
+    cmd += ["--min-batch", str(args.min_batch), "--max-batch", str(args.max_batch)]
     cmd += [] if args.verify else ["--no-verify"]
     start = time.time()
-    log = out / f"plan-{label}-fsdp{fsdp}.log"
-    with log.open("w") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=args.timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = None
-    record: dict = {"kind": "plan", "label": label, "fsdp": fsdp, "rc": rc, "wall_s": round(time.time() - start, 1)}
+    rc = _run_logged(cmd, out / f"plan-{label}-{args.devices}x-fsdp{fsdp}.log", args.timeout, env)
+    record: dict = {
+        "kind": "plan",
+        "label": label,
+        "devices": args.devices,
+        "fsdp": fsdp,
+        "rc": rc,
+        "wall_s": round(time.time() - start, 1),
+    }
     if result_file.exists():
         record["cells"] = [
             {
@@ -181,20 +234,29 @@ def whatif_main(args: argparse.Namespace) -> int:
     for fsdp in args.fsdp:
         for label in args.only or ["real", "mock"]:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-            if label == "mock":
-                env["CUDA_VISIBLE_DEVICES"] = "0"
+            if label == "mock":  # one GPU visible: the first of those this process may use
+                env["CUDA_VISIBLE_DEVICES"] = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
             _plan(args, out, label, fsdp, env)
     return 0
 
 
 def table_main(args: argparse.Namespace) -> int:
-    records = [json.loads(line) for line in (Path(args.folder) / "raw.jsonl").read_text().splitlines() if line]
+    records = [
+        json.loads(line)
+        for folder in args.folders
+        if (Path(folder) / "raw.jsonl").exists()
+        for line in (Path(folder) / "raw.jsonl").read_text().splitlines()
+        if line
+    ]
     print("| fsdp | devices | answer (global) | peak per device | budget | pinned | ran 3 steps | next up | next up |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in records:
         if r["kind"] != "answer":
             continue
-        nxt = next((n for n in records if n["kind"] == "next-up" and n["fsdp"] == r["fsdp"]), None)
+        nxt = next(
+            (n for n in records if n["kind"] == "next-up" and (n["fsdp"], n["devices"]) == (r["fsdp"], r["devices"])),
+            None,
+        )
         ran = "yes" if r["rc"] == 0 else ("timed out" if r["rc"] is None else f"no (rc {r['rc']})")
         up = "-" if nxt is None else ("out of memory" if nxt["oom"] else f"ran (rc {nxt['rc']})")
         print(
@@ -216,7 +278,9 @@ def table_main(args: argparse.Namespace) -> int:
                 f"| {peak} | {budget} | {c['seconds']} |"
             )
         for r in timeouts:
-            print(f"| | | {r['fsdp']} | {r['label']} | timed out after {r['wall_s']} s | | | | |")
+            print(
+                f"| | {r.get('devices', '')} | {r['fsdp']} | {r['label']} | timed out after {r['wall_s']} s | | | | |"
+            )
     return 0
 
 
@@ -230,6 +294,8 @@ def main() -> int:
     a.add_argument("--fsdp", type=int, nargs="+", default=[1, 2])
     a.add_argument("--devices", type=int, default=2, help="device count when there is no nvidia-smi (CPU smoke)")
     a.add_argument("--timeout", type=float, default=560)
+    a.add_argument("--next-timeout", type=float, default=240, help="limit of the plain run at the answer + one step")
+    a.add_argument("--min-batch", type=int, default=1)
     a.add_argument("--max-batch", type=int, default=1024)
     w = sub.add_parser("whatif")
     w.add_argument("--out", required=True)
@@ -241,10 +307,11 @@ def main() -> int:
     w.add_argument("--card-name", default="H100")
     w.add_argument("--only", nargs="+", choices=["real", "mock"])
     w.add_argument("--timeout", type=float, default=560)
+    w.add_argument("--min-batch", type=int, default=1)
     w.add_argument("--max-batch", type=int, default=1024)
     w.add_argument("--no-verify", dest="verify", action="store_false", help="untuned compiles only")
     t = sub.add_parser("table")
-    t.add_argument("folder")
+    t.add_argument("folders", nargs="+", help="folders with a raw.jsonl each (e.g. one per machine)")
     args = parser.parse_args()
     return {"answers": answers_main, "whatif": whatif_main, "table": table_main}[args.cmd](args)
 
