@@ -4,8 +4,10 @@
 #
 #   bash benchmarks/mesh_x4.sh a $OUT  # GPUs 0,1: train.py FSDP 2 answer, and the example's real 2-GPU
 #                                      # cells beside it; GPU 2: its mocked 2-GPU cells; GPU 3: mocked 4-GPU
-#   bash benchmarks/mesh_x4.sh b $OUT  # GPUs 0-3: train.py FSDP 4 answer, and the real 4-GPU cells beside it
-#   bash benchmarks/mesh_x4.sh c $OUT  # GPUs 0-3: train.py data-parallel answer
+#   bash benchmarks/mesh_x4.sh b $OUT  # GPUs 0-3: train.py FSDP 4 and data-parallel answers side by side,
+#                                      # and the real 4-GPU cells beside them
+#   bash benchmarks/mesh_x4.sh c $OUT  # phase a again with the FSDP windows widened (a's FSDP answers
+#                                      # all sat at the window's top)
 #
 # The what-if cells are untuned compiles (--no-verify): no autotuning, so the program is a pure
 # function of the topology and a mocked topology can be compared with the real one byte for byte.
@@ -36,14 +38,26 @@ a)
         --min-batch 64 --max-batch 128 --no-verify --timeout 265 >"$out/a-mock4.log" 2>&1 &
     ;;
 b)
-    CUDA_VISIBLE_DEVICES=0,1,2,3 $B answers --out "$out/answers-4" $M --fsdp 4 --min-batch 64 --max-batch 128 \
-        --timeout 380 --next-timeout 170 >"$out/b-answers.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=0,1,2,3 $B whatif --only real --out "$out/real-4" $E --devices 4 --fsdp 4 1 \
-        --min-batch 64 --max-batch 128 --no-verify --timeout 265 >"$out/b-real4.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=0,1,2,3 $B answers --out "$out/answers-4" $M --fsdp 4 --min-batch 128 --max-batch 192 \
+        --timeout 330 --next-timeout 170 >"$out/b-answers-fsdp4.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=0,1,2,3 $B answers --out "$out/answers-4dp" $M --fsdp 1 --min-batch 64 --max-batch 96 \
+        --timeout 330 --next-timeout 170 >"$out/b-answers-dp.log" 2>&1 &
+    (
+        CUDA_VISIBLE_DEVICES=0,1,2,3 $B whatif --only real --out "$out/real-4" $E --devices 4 --fsdp 4 \
+            --min-batch 128 --max-batch 512 --no-verify --timeout 265
+        CUDA_VISIBLE_DEVICES=0,1,2,3 $B whatif --only real --out "$out/real-4" $E --devices 4 --fsdp 1 \
+            --min-batch 64 --max-batch 96 --no-verify --timeout 265
+    ) >"$out/b-real4.log" 2>&1 &
     ;;
 c)
-    CUDA_VISIBLE_DEVICES=0,1,2,3 $B answers --out "$out/answers-4" $M --fsdp 1 --min-batch 64 --max-batch 96 \
-        --timeout 380 --next-timeout 170 >"$out/c-answers.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=0,1 $B answers --out "$out/answers-2w" $M --fsdp 2 --min-batch 64 --max-batch 128 \
+        --timeout 360 --next-timeout 170 >"$out/c-answers.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=0,1 $B whatif --only real --out "$out/real-2w" $E --devices 2 --fsdp 2 \
+        --min-batch 64 --max-batch 256 --no-verify --timeout 265 >"$out/c-real2.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=2 $B whatif --only mock --out "$out/mock-2w" $E --devices 2 --fsdp 2 \
+        --min-batch 64 --max-batch 256 --no-verify --timeout 265 >"$out/c-mock2.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=3 $B whatif --only mock --out "$out/mock-4w" $E --devices 4 --fsdp 4 \
+        --min-batch 128 --max-batch 512 --no-verify --timeout 265 >"$out/c-mock4.log" 2>&1 &
     ;;
 *)
     echo "phase must be a, b or c" >&2
@@ -53,3 +67,5 @@ esac
 wait
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv >"$out/left-running-$phase.csv" 2>&1
 $B table "$out"/*/ 2>&1 | tee "$out/table-$phase.md"
+# The device tool brings back only a few files: everything goes back as one archive.
+tar czf "$2/x4-$phase.tgz" -C "$2" x4 && rm -rf "$out"
