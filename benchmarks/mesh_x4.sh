@@ -6,8 +6,9 @@
 #                                      # cells beside it; GPU 2: its mocked 2-GPU cells; GPU 3: mocked 4-GPU
 #   bash benchmarks/mesh_x4.sh b $OUT  # GPUs 0-3: train.py FSDP 4 and data-parallel answers side by side,
 #                                      # and the real 4-GPU cells beside them
-#   bash benchmarks/mesh_x4.sh c $OUT  # phase a again with the FSDP windows widened (a's FSDP answers
-#                                      # all sat at the window's top)
+#   bash benchmarks/mesh_x4.sh c $OUT  # what a and b left: the FSDP 2 answer and cells with wider
+#                                      # windows (a's sat at the window's top), the 4-GPU answers again
+#                                      # in windows around b's rounds, the mocked FSDP 4 cell widened
 #
 # The what-if cells are untuned compiles (--no-verify): no autotuning, so the program is a pure
 # function of the topology and a mocked topology can be compared with the real one byte for byte.
@@ -50,14 +51,18 @@ b)
     ) >"$out/b-real4.log" 2>&1 &
     ;;
 c)
-    CUDA_VISIBLE_DEVICES=0,1 $B answers --out "$out/answers-2w" $M --fsdp 2 --min-batch 64 --max-batch 128 \
-        --timeout 360 --next-timeout 170 >"$out/c-answers.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=0,1 $B whatif --only real --out "$out/real-2w" $E --devices 2 --fsdp 2 \
-        --min-batch 64 --max-batch 256 --no-verify --timeout 265 >"$out/c-real2.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=0,1 $B answers --out "$out/answers-2w" $M --fsdp 2 --min-batch 64 --max-batch 96 \
+        --timeout 380 --next-timeout 150 >"$out/c-answers-fsdp2.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=0,1,2,3 $B answers --out "$out/answers-4dp" $M --fsdp 1 --min-batch 64 --max-batch 72 \
+        --timeout 380 --next-timeout 150 >"$out/c-answers-dp4.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=0,1,2,3 $B answers --out "$out/answers-4" $M --fsdp 4 --min-batch 128 --max-batch 148 \
+        --timeout 380 --next-timeout 150 >"$out/c-answers-fsdp4.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=2,3 $B whatif --only real --out "$out/real-2w" $E --devices 2 --fsdp 2 \
+        --min-batch 64 --max-batch 256 --no-verify --timeout 300 >"$out/c-real2.log" 2>&1 &
     CUDA_VISIBLE_DEVICES=2 $B whatif --only mock --out "$out/mock-2w" $E --devices 2 --fsdp 2 \
-        --min-batch 64 --max-batch 256 --no-verify --timeout 265 >"$out/c-mock2.log" 2>&1 &
+        --min-batch 64 --max-batch 256 --no-verify --timeout 300 >"$out/c-mock2.log" 2>&1 &
     CUDA_VISIBLE_DEVICES=3 $B whatif --only mock --out "$out/mock-4w" $E --devices 4 --fsdp 4 \
-        --min-batch 128 --max-batch 512 --no-verify --timeout 265 >"$out/c-mock4.log" 2>&1 &
+        --min-batch 128 --max-batch 512 --no-verify --timeout 300 >"$out/c-mock4.log" 2>&1 &
     ;;
 *)
     echo "phase must be a, b or c" >&2
