@@ -52,7 +52,7 @@ def test_plan_table_cells_are_real_fits(run_cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_card_larger_than_this_gpu_is_not_available(run_cli, tmp_path, monkeypatch):
+def test_a_card_larger_than_this_gpu_is_not_available(run_cli, tmp_path, monkeypatch, isolated_cache):
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(2**30))  # behave as a 1 GiB GPU
     out = tmp_path / "plan.json"
     proc = run_cli(
@@ -63,6 +63,14 @@ def test_a_card_larger_than_this_gpu_is_not_available(run_cli, tmp_path, monkeyp
     cells = {c["card"]: c for c in json.loads(out.read_text())["cells"]}
     assert cells["tiny"]["status"] == "gpu" and cells["tiny"]["batch_size"] == 64
     assert cells["huge"]["status"] == "not available" and "needs more than this GPU" in cells["huge"]["note"]
+    # A cell plans a card, it is not run here: no program is pinned, and the answer is cached as it is.
+    assert not (isolated_cache / "pins").exists() and cells["tiny"]["cached"] is False
+    again = run_cli(
+        "plan", "--example", "mlp-tiny", "--no-default-cards", "--card", "tiny=64MiB",
+        "--devices", "1", "--max-batch", "64", "--mem-fraction", "0.5", "--json", str(out),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads(out.read_text())["cells"][0]["cached"] is True
 
 
 @pytest.mark.slow

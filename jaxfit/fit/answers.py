@@ -53,7 +53,8 @@ def cached_answer(
     options: FitOptions, question: Mapping[str, Any], source: Source, start: float
 ) -> tuple[str | None, FitResult | None]:
     """``(key, result)``: the question's key, and its stored result when there is one whose proven
-    program is still stored (otherwise the fit runs again, to pin one)."""
+    program is still stored (otherwise the fit runs again, to pin one); a result that has no
+    program to load (a what-if cell, a mocked topology) is reused as it is."""
     key = answer_key(question, source)
     path = options.cache_file()
     if key is None or path is None:
@@ -63,7 +64,8 @@ def cached_answer(
         hit = store.get(key)
     finally:
         store.close()
-    if hit is None or find_pin(key) is None:
+    wants_pin = options.pin and (hit or {}).get("device", {}).get("topology") != "mock"
+    if hit is None or (wants_pin and find_pin(key) is None):
         return key, None
     result = FitResult.from_dict(hit)
     return key, dataclasses.replace(result, cached=True, wall_seconds=round(time.perf_counter() - start, 3))

@@ -231,17 +231,19 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         answer = found.answer
         final = rounds.latest[answer].memory
         assert final is not None
-        pin, pin_note = pin_answer(
-            child,
-            answer,
-            key=key,
-            info=info,
-            proven=final,
-            budget_bytes=budget,
-            limit_bytes=limit,
-            mem_fraction=fraction,
-            root=pins_root(options.use_cache),
-        )
+        pin, pin_note = None, None
+        if options.pin:
+            pin, pin_note = pin_answer(
+                child,
+                answer,
+                key=key,
+                info=info,
+                proven=final,
+                budget_bytes=budget,
+                limit_bytes=limit,
+                mem_fraction=fraction,
+                root=pins_root(options.use_cache),
+            )
         overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
     finally:
         child.close()

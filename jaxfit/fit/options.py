@@ -74,6 +74,8 @@ class FitOptions:
         searching with untuned ones; --no-verify takes the untuned answer (faster, approximate).
       start_timeout: Seconds to wait for a training script to reach its first call of the step (it
         loads its data and model first).
+      pin: Write the program that proved the answer for the run to load (:mod:`jaxfit.fit.pin`);
+        what-if cells turn it off (they answer for cards and meshes that will not run here).
     """
 
     mem_fraction: float | None = None
@@ -87,6 +89,7 @@ class FitOptions:
     cache_path: tyro.conf.Suppress[str | None] = None
     verify: bool = True
     start_timeout: Annotated[float, tyro.conf.arg(name="probe-timeout")] = DEFAULT_START_TIMEOUT
+    pin: tyro.conf.Suppress[bool] = True
 
     def resolved_fraction(self) -> float:
         """The fraction to fit under (:func:`default_mem_fraction` when not given).

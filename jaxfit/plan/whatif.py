@@ -63,6 +63,7 @@ class Cell:
       outcome: ``boundary`` or ``max`` (``--max-batch`` fits; larger may too), or None.
       note: Why a cell has no answer, or the fit's message.
       seconds: Wall time of the cell's fit.
+      cached: Answered from jaxfit's cache (the same question fitted before).
     """
 
     card: str
@@ -77,6 +78,7 @@ class Cell:
     outcome: str | None = None
     note: str = ""
     seconds: float = 0.0
+    cached: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -191,7 +193,8 @@ def what_if(
             try:
                 result = fit_batch(
                     source_for(dataclasses.replace(mesh, allow_mock=True)),  # more devices than here: mocked
-                    dataclasses.replace(options, device_memory_bytes=card.total_bytes),
+                    # No program is written: a cell plans a card or mesh, it is not run here.
+                    dataclasses.replace(options, device_memory_bytes=card.total_bytes, pin=False),
                     progress=fit_progress,
                 )
             except DoesNotFitError as e:
@@ -211,6 +214,7 @@ def what_if(
                     parameter_bytes=_state_bytes(result),
                     outcome=result.outcome,
                     note=result.message,
+                    cached=result.cached,
                 )
             cell = dataclasses.replace(cell, seconds=round(time.perf_counter() - cell_start, 2))
             cells.append(cell)
