@@ -9,12 +9,13 @@ from helpers import error_line
 
 from jaxfit.errors import ConfigError
 from jaxfit.fit.mesh import MeshSpec
-from jaxfit.plan.whatif import DEFAULT_CARDS, meshes_for, parse_card
+from jaxfit.plan.whatif import DEFAULT_CARDS, Card, meshes_for, parse_card
 
 
 def test_cards_and_meshes():
     assert parse_card("L4=24GB").total_bytes == 24 * 10**9
     assert parse_card(" 4090 = 24564MiB ").name == "4090"
+    assert parse_card("h100") == Card("H100", 81_080 * 2**20)  # CUDA's total on an H100 80GB HBM3, measured
     assert [c.name for c in DEFAULT_CARDS] == ["24GB", "32GB", "48GB", "80GB", "96GB", "141GB"]
     assert meshes_for([1, 2, 4], None) == [
         MeshSpec(1, 1),

@@ -17,6 +17,7 @@ from jaxfit.fit.results import FitResult
 from jaxfit.fit.sources import Source
 
 GiB = 2**30
+MiB = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,14 @@ class Card:
 DEFAULT_CARDS = tuple(Card(f"{n}GB", n * GiB) for n in (24, 32, 48, 80, 96, 141))
 """Nominal sizes, read as GiB. A real card reports a little less (an H100 80GB gives JAX about
 85.0e9 B, 79.2 GiB, as total; docs/facts.md #16): name the exact size with ``--card NAME=SIZE``."""
+
+MEASURED_CARDS: Mapping[str, Card] = {
+    "H100": Card("H100", 81_080 * MiB),
+    "H200": Card("H200", 143_160 * MiB),
+}
+"""Cards whose total CUDA hands JAX was measured (``bytes_limit / fraction``; docs/facts.md #4 and
+#16), usable as ``--card H100``: an H100 80GB HBM3 gives 81,080 MiB (nvidia-smi shows 81,559), an
+H200 143,160 MiB (nvidia-smi 143,771). Other cards: ``--card NAME=SIZE`` with CUDA's total."""
 
 Status = Literal["gpu", "mock", "cpu", "does not fit", "not available"]
 """How a cell was answered: compiled on this machine's GPUs (``gpu``), for a mocked GPU topology
@@ -107,14 +116,20 @@ class PlanResult:
 
 
 def parse_card(text: str) -> Card:
-    """``NAME=SIZE`` (``L4=24GB``, ``4090=24564MiB``) as a :class:`Card`.
+    """``NAME=SIZE`` (``L4=24GB``, ``4090=24564MiB``), or the name of a measured card (``H100``,
+    :data:`MEASURED_CARDS`), as a :class:`Card`.
 
     Raises:
-      ConfigError: not ``NAME=SIZE``, or a size that is not one.
+      ConfigError: neither, or a size that is not one.
     """
     name, sep, size = text.partition("=")
+    if not sep and text.strip().upper() in MEASURED_CARDS:
+        return MEASURED_CARDS[text.strip().upper()]
     if not sep or not name.strip() or not size.strip():
-        raise ConfigError(f"--card {text!r} must look like NAME=SIZE, e.g. --card L4=24GB")
+        raise ConfigError(
+            f"--card {text!r} must look like NAME=SIZE, e.g. --card L4=24GB, or name a measured card "
+            f"({', '.join(MEASURED_CARDS)})"
+        )
     try:
         return Card(name.strip(), budget_mod.parse_size(size.strip()))
     except ConfigError as e:
