@@ -47,7 +47,7 @@ def plan_command(
         overrides: Override a config key of the example, KEY=VALUE; repeatable.
         entry: Your own workload: package.module:function returning a jaxfit.Workload.
         cards: A card to plan for, NAME=SIZE with the total CUDA reports (e.g. --card 4090=24564MiB), or a card measured on real hardware, H100 (80GB HBM3: 81,080 MiB) or H200 (143,160 MiB); repeatable, added to the defaults.
-        default_cards: Include the nominal 24, 32, 48, 80, 96 and 141 GB cards (read as GiB; a real card reports a little less); --no-default-cards plans only the --card ones.
+        default_cards: Include the nominal 24, 32, 48, 80, 96 and 141 GB cards (read as GiB; a real card gives JAX about 1 % less, see --card H100); --no-default-cards plans only the --card ones.
         devices: Device counts to plan for.
         fsdp: FSDP sizes to plan for each device count (those that divide it); default 1 and the count itself.
         fsdp_min_size: Arrays smaller than this stay replicated under FSDP.

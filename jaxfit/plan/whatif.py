@@ -29,8 +29,9 @@ class Card:
 
 
 DEFAULT_CARDS = tuple(Card(f"{n}GB", n * GiB) for n in (24, 32, 48, 80, 96, 141))
-"""Nominal sizes, read as GiB. A real card reports a little less (an H100 80GB gives JAX about
-85.0e9 B, 79.2 GiB, as total; docs/facts.md #16): name the exact size with ``--card NAME=SIZE``."""
+"""Nominal sizes, read as GiB. A real card gives JAX a little less (an H100 80GB 81,080 MiB, about
+1 % less than 80 GiB; docs/facts.md #16): plan a measured card by name (:data:`MEASURED_CARDS`,
+``--card H100``) or give the exact size with ``--card NAME=SIZE``."""
 
 MEASURED_CARDS: Mapping[str, Card] = {
     "H100": Card("H100", 81_080 * MiB),
