@@ -73,7 +73,7 @@ def plan_command(
     if not chosen:
         raise JaxfitError("no cards to plan for: give --card NAME=SIZE or drop --no-default-cards")
     meshes = [
-        MeshSpec(m.devices, m.fsdp, fsdp_min_size, allow_mock=True).validate()
+        MeshSpec(m.devices, m.fsdp, fsdp_min_size).validate()  # what_if lets its cells be mocked
         for m in meshes_for(devices, list(fsdp) if fsdp else None)
     ]
     options.validate()

@@ -29,7 +29,7 @@ from jaxfit.schedule.backends.local import Launcher, LocalLauncher
 from jaxfit.schedule.folder import ScheduleLock, create_state, ensure_no_schedule, open_state
 from jaxfit.schedule.planner import check_commands, load_plan, plan_queue, resolve_gpus
 from jaxfit.schedule.queue_file import Queue
-from jaxfit.schedule.scheduler import ExecuteOptions, Scheduler, pin_status, result_rows
+from jaxfit.schedule.scheduler import ExecuteOptions, Scheduler, gpus_by_run, pin_status, result_rows
 from jaxfit.schedule.state import StateStore
 
 BACKENDS = ("local", "ray")
@@ -87,8 +87,7 @@ def status_table(store: StateStore, title: str = "") -> Table:
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     now = time.time()
-    plan = store.meta("plan")
-    gpus_of = packing.Plan.from_dict(plan).gpus_of() if plan else {}
+    gpus = gpus_by_run(store)
     colours = {"done": "green", "running": "cyan", "failed": "red", "timeout": "red", "interrupted": "yellow"}
     for r in store.experiments():
         elapsed = ""
@@ -102,7 +101,7 @@ def status_table(store: StateStore, title: str = "") -> Table:
             pinned = "yes" if status["program_pinned"] else "no"
         table.add_row(
             r.name,
-            ",".join(map(str, gpus_of.get(r.name) or [r.gpu])),
+            ",".join(map(str, gpus[r.name])),
             f"{r.mem_fraction:.2f}",
             str(r.batch_size),
             str(r.grad_accum_steps),

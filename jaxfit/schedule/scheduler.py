@@ -488,15 +488,22 @@ def pin_status(record: ExperimentRecord) -> dict[str, Any]:
     }
 
 
+def gpus_by_run(store: StateStore) -> dict[str, tuple[int, ...]]:
+    """Every GPU of each stored run: its placement's in the stored plan (``gpus: N`` runs take N),
+    else the GPU its record names."""
+    plan = store.meta("plan")
+    placed = packing.Plan.from_dict(plan).gpus_of() if plan else {}
+    return {r.name: placed.get(r.name) or (r.gpu,) for r in store.experiments()}
+
+
 def result_rows(store: StateStore) -> list[dict[str, Any]]:
     """The ``--json`` entries after a run: name, gpu (and every GPU, ``gpus``), mem_fraction,
     batch_size, state, attempts, times..."""
     rows = []
-    plan = store.meta("plan")
-    gpus_of = packing.Plan.from_dict(plan).gpus_of() if plan else {}
+    gpus = gpus_by_run(store)
     for record in store.experiments():
         data = record.to_dict()
-        data["gpus"] = list(gpus_of.get(record.name) or [record.gpu])
+        data["gpus"] = list(gpus[record.name])
         data.update(pin_status(record))
         data["micro_batch_size"] = record.batch_size // max(1, record.grad_accum_steps)
         data["duration_seconds"] = (
