@@ -40,6 +40,17 @@ MAX_SHAPES = 8
 the script's jitted step as they would without jaxfit."""
 
 
+_REPORT: Dict[str, Any] = {
+    "path": os.environ.get(REPORT_ENV) or None,
+    "step_name": os.environ.get("JAXFIT_PIN_STEP_NAME") or None,
+    "step_calls": 0,
+    "step_updates_state": None,
+    "other_train_steps": [],
+}
+"""What this process has seen so far, for the report (one process, one report)."""
+_REPORT_LOCK = threading.Lock()
+
+
 def _format_bytes(n: Optional[float]) -> str:
     if n is None:
         return "-"
@@ -108,10 +119,20 @@ class PinnedStep:
       jitted: The script's ``jax.jit`` object.
       pin_path: The pin's ``pin.json``.
       report_path: Where to write what happened (None: nowhere).
+      fun: The function that was jitted (to read its donation and say what it does).
+      jit_kwargs: The arguments ``jax.jit`` was given (``donate_argnums``, ``donate_argnames``).
     """
 
-    def __init__(self, jitted: Any, pin_path: str, report_path: Optional[str]) -> None:
+    def __init__(
+        self,
+        jitted: Any,
+        pin_path: str,
+        report_path: Optional[str],
+        fun: Any = None,
+        jit_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> None:
         self._jitted = jitted
+        self._donated = _steps().donated_positions(fun, jit_kwargs or {}) if fun is not None else ()
         self._pin_path = pin_path
         self._report_path = report_path
         self._programs: List[Tuple[Any, Any]] = []  # (signature, compiled)
@@ -120,6 +141,7 @@ class PinnedStep:
         try:
             self._pin: Optional[Dict[str, Any]] = load_pin(pin_path)
             self._pin_error: Optional[str] = None
+            _REPORT["step_name"] = self._pin.get("step_name") or _REPORT["step_name"]
         except (OSError, ValueError) as e:
             self._pin, self._pin_error = None, "cannot read the pin %s: %s" % (pin_path, e)
         try:
@@ -138,6 +160,11 @@ class PinnedStep:
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         if any(isinstance(x, jax.core.Tracer) for x in leaves):  # called inside another traced function
             return self._jitted(*args, **kwargs)
+        with _REPORT_LOCK:
+            _REPORT["step_calls"] += 1
+            calls = _REPORT["step_calls"]
+        if calls == 2 and self._decisions:  # the loop calls it again: the report says so
+            self._write_report()
         signature = (
             tree,
             tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in leaves),
@@ -165,6 +192,13 @@ class PinnedStep:
             sys.path.insert(0, here)
         import jaxfit_compile_server as server_mod
 
+        if _REPORT["step_updates_state"] is None:
+            try:
+                _REPORT["step_updates_state"] = (
+                    _steps().classify(self._jitted, args, kwargs, self._donated).updates_state
+                )
+            except Exception:  # never break the training over the report
+                pass
         try:
             with server_mod.runtime_typechecks_off():
                 lowered = self._jitted.lower(*args, **kwargs)
@@ -237,23 +271,123 @@ class PinnedStep:
         return compiled
 
     def _record(self, *, pinned: bool, peak: Optional[int], reason: Optional[str], stopped: bool = False) -> None:
-        pin = self._pin or {}
         self._decisions.append(
             {"program_pinned": pinned, "program_peak_bytes": peak, "reason": reason, "stopped": stopped}
         )
-        if not self._report_path:
-            return
-        report = {
-            "program_pinned": any(d["program_pinned"] for d in self._decisions),
-            "pinned_peak_bytes": pin.get("peak_bytes"),
-            "program_peak_bytes": self._decisions[0]["program_peak_bytes"],
-            "budget_bytes": pin.get("budget_bytes"),
-            "reason": next((d["reason"] for d in self._decisions if d["reason"]), None),
-            "stopped": stopped,
-            "pin": self._pin_path,
-            "shapes": self._decisions,
-        }
+        self._write_report()
+
+    def _write_report(self) -> None:
+        pin = self._pin or {}
+        loaded = any(d["program_pinned"] for d in self._decisions)
+        updates = _REPORT["step_updates_state"]
+        reason = next((d["reason"] for d in self._decisions if d["reason"]), None)
+        if loaded and updates is False:
+            reason = (
+                "the pinned function %r returns no updated state: it is not the train step (an evaluation step?); "
+                "fit again with --step-name <the train step>" % pin.get("step_name")
+            )
+        write_report(
+            self._report_path,
+            {
+                # the state-updating step ran the proven program (any other state-updating function is stopped
+                # before it runs, see OtherFunction, so this step is the training loop's)
+                "program_pinned": loaded and updates is not False,
+                "pinned_peak_bytes": pin.get("peak_bytes"),
+                "program_peak_bytes": self._decisions[0]["program_peak_bytes"] if self._decisions else None,
+                "budget_bytes": pin.get("budget_bytes"),
+                "reason": reason,
+                "stopped": any(d["stopped"] for d in self._decisions),
+                "pin": self._pin_path,
+                "shapes": self._decisions,
+            },
+        )
+
+
+def _steps() -> Any:
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import jaxfit_steps
+
+    return jaxfit_steps
+
+
+def write_report(path: Optional[str], fields: Dict[str, Any]) -> None:
+    """Merge ``fields`` and what the process has seen (the step's name, calls, what it does, other
+    train steps) into the report at ``path`` (None: nowhere)."""
+    with _REPORT_LOCK:
+        _REPORT.update(fields)
+        if path:
+            _REPORT["path"] = path
+        path = _REPORT["path"]
+        report = {k: v for k, v in _REPORT.items() if k != "path"}
+    report["step_repeated"] = report["step_calls"] >= 2
+    if not path:
+        return
+    try:
+        _write_json(path, report)
+    except OSError as e:
+        print("jaxfit: cannot write %s: %s" % (path, e), file=sys.stderr, flush=True)
+
+
+WATCHED_CALLS = 8
+"""Calls of another jitted function watched before it is left alone (it showed it is no train step)."""
+
+
+class OtherFunction:
+    """Stands in for every other jitted function of a pinned training process: a function that
+    takes a batch and returns the state updated (:mod:`jaxfit_steps`) is a train step the pin does
+    not cover, so the process is stopped before its first call runs (exit :data:`GUARD_EXIT`):
+    the pinned program would not be what trains. Left alone after it has shown it is none."""
+
+    def __init__(self, jitted: Any, fun: Any, jit_kwargs: Dict[str, Any], pinned_name: str, owner: Any) -> None:
+        self._jitted = jitted
+        self._fun = fun
+        self._pinned_name = pinned_name
+        self._owner = owner  # () -> whether this process is the one the hook acts in
+        self._donated = _steps().donated_positions(fun, jit_kwargs)
+        self._watched = 0
         try:
-            _write_json(self._report_path, report)
-        except OSError as e:
-            print("jaxfit: cannot write %s: %s" % (self._report_path, e), file=sys.stderr, flush=True)
+            import functools
+
+            functools.update_wrapper(self, jitted, updated=())
+        except (AttributeError, TypeError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._jitted, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._watched >= WATCHED_CALLS:
+            return self._jitted(*args, **kwargs)
+        steps = _steps()
+        if not self._owner() or steps.is_traced(args, kwargs):
+            return self._jitted(*args, **kwargs)
+        self._watched += 1
+        try:
+            kind = steps.classify(self._jitted, args, kwargs, self._donated)
+        except Exception:  # never break the training over the check
+            self._watched = WATCHED_CALLS
+            return self._jitted(*args, **kwargs)
+        if kind.step_like:
+            self._watched = WATCHED_CALLS  # classified: an evaluation is left alone from now on
+        if kind.updates_state:
+            from jaxfit_compile_server import function_name
+
+            name = function_name(self._fun)
+            reason = (
+                "the training loop calls %r, which updates the train state (%s), but the program jaxfit proved is "
+                "%r's" % (name, kind.why, self._pinned_name)
+            )
+            with _REPORT_LOCK:
+                _REPORT["other_train_steps"] = _REPORT["other_train_steps"] + [name]
+            write_report(None, {"program_pinned": False, "reason": reason, "stopped": True, "stopped_for": "step"})
+            print(
+                "jaxfit: error: %s; it was stopped before that call ran instead of training unchecked. Fit the "
+                "train step with --step-name %s (jaxfit run does it for you with the same flag)" % (reason, name),
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.stderr.flush()
+            os._exit(GUARD_EXIT)
+        return self._jitted(*args, **kwargs)

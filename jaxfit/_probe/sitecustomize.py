@@ -10,12 +10,14 @@ start-up, before the script. It waits for ``jax`` to be imported and wraps ``jax
   arguments are kept, the batch is swapped for abstract arrays of any leading size, and jaxfit's
   compile requests are answered with the script's own jitted object (its shardings and donation
   included). Then the process exits. Without ``--step-name`` (``$JAXFIT_PROBE_STEP_AUTO``) a script
-  with no ``train_step`` has its step found: the first jitted function called with a donated
-  argument and a batch, else the first called a second time with a batch. A probe never trains:
-  when a training loop shows (a step-like function called a second time) and no step was taken,
-  the script is stopped and jaxfit is told what it called;
+  with no ``train_step`` has its step found by what it does (:mod:`jaxfit_steps`, tracing only): the
+  first call that takes a batch and returns the state it was given updated. Functions that return
+  no updated state (an evaluation on a few batches before training) run, for at most
+  :data:`EVAL_SECONDS`; a probe never trains: a call that would update the state and is not the
+  step taken is stopped before it runs, and jaxfit is told what the script called;
 - **pin** (``$JAXFIT_PIN``): the train step runs the executable the fit proved, or is checked
-  against the budget before its first step (:mod:`jaxfit_pin`);
+  against the budget before its first step; any other jitted function that would update the state
+  (a train step the pin does not cover) stops the process before it runs (:mod:`jaxfit_pin`);
 - **wandb** (``$JAXFIT_WANDB_CONFIG``): the chosen settings join the config of the script's own
   ``wandb.init``.
 
@@ -37,7 +39,7 @@ import json
 import os
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 STEP_NAME = os.environ.get("JAXFIT_PROBE_STEP_NAME")
@@ -116,37 +118,12 @@ def _function_name(fun: Any) -> str:
     return function_name(fun)
 
 
-def _leaves(tree: Any) -> list:
-    import jax
+def _steps() -> Any:
+    """:mod:`jaxfit_steps`: what a jitted function does with its arguments."""
+    _importable()
+    import jaxfit_steps
 
-    return [x for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "shape") and hasattr(x, "dtype")]
-
-
-def _find_batch_arg(args: tuple, batch_size: Optional[int]) -> "tuple[int, int]":
-    """``(index, leading size)`` of the positional argument that holds the batch.
-
-    The batch is the last positional argument whose arrays all share one leading dimension (equal
-    to ``batch_size`` when the command line gave it). ``$JAXFIT_PROBE_BATCH_ARG`` overrides.
-    """
-    forced = os.environ.get("JAXFIT_PROBE_BATCH_ARG")
-    if forced is not None:
-        index = int(forced)
-        leaves = _leaves(args[index])
-        if not leaves or any(len(x.shape) == 0 for x in leaves):
-            raise ValueError("argument %d of the step holds no batched arrays" % index)
-        return index, int(leaves[0].shape[0])
-    for index in reversed(range(len(args))):
-        leaves = _leaves(args[index])
-        if not leaves or any(len(x.shape) == 0 for x in leaves):
-            continue
-        sizes = {int(x.shape[0]) for x in leaves}
-        if len(sizes) == 1 and (batch_size is None or sizes == {batch_size}):
-            return index, sizes.pop()
-    shapes = [[tuple(x.shape) for x in _leaves(a)][:3] for a in args]
-    raise ValueError(
-        "no argument of the step has arrays that all lead with the batch size%s; argument shapes: %s; "
-        "pass --batch-arg N" % ("" if batch_size is None else " %d" % batch_size, shapes)
-    )
+    return jaxfit_steps
 
 
 def _abstract(x: Any, batch: int) -> Any:
@@ -206,7 +183,7 @@ def _resized(tree: Any, batch: int) -> Any:
     return walk(tree)
 
 
-def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None:
+def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: Any) -> None:
     """Answer jaxfit's compile requests for this step, then end the process."""
     global _serving
     _serving = True
@@ -216,7 +193,7 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
     requests, replies = _open_channels()
     try:
         given = os.environ.get("JAXFIT_PROBE_BATCH_SIZE")
-        index, seen_batch = _find_batch_arg(args, int(given) if given else None)
+        index, seen_batch = _steps().find_batch_arg(args, int(given) if given else None)
 
         def lower(batch: int) -> Any:
             call_args = list(args)
@@ -229,7 +206,9 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
             "batch_arg": index,
             "script_batch_size": seen_batch,
             "step_found": found,
+            "step_kind": kind.to_dict(),
             "called": dict(_calls),
+            "called_kinds": dict(_kinds),
         }
         mesh = server_mod.mesh_of(args)
         if mesh:  # the script's own mesh: the batch is split over its devices
@@ -261,94 +240,103 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
 
 _calls: "dict[str, int]" = {}
 """How often the script called each watched jitted function (before the step was taken)."""
+_kinds: "dict[str, str]" = {}
+"""What each called function does (``train step``, ``evaluation``, ``no step``), by tracing."""
 _serving = False
 """Set once the step is taken: every later call is part of compiling it."""
+_evaluating_since: "list[float]" = []
+"""When the script first called an evaluation-like function (a batch in, no state updated)."""
+EVAL_SECONDS = float(os.environ.get("JAXFIT_PROBE_EVAL_SECONDS") or 600)
+"""How long a probed script may evaluate before its first train step (evaluation is not training,
+so it runs, but a probe must not wait for a whole validation pass)."""
 
 
-def _traced(args: tuple, kwargs: dict) -> bool:
-    """Whether a call happens inside a trace (its arguments are tracers): a nested jit, not a step."""
-    import jax
+def _fail(message: str) -> None:
+    """Tell jaxfit why the probe stops, and stop the script."""
+    _importable()
+    import jaxfit_compile_server as server_mod
 
-    tracer = getattr(jax.core, "Tracer", None)
-    return tracer is not None and any(isinstance(x, tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
-
-
-def _donated(jit_kwargs: "dict[str, Any]") -> "tuple[int, ...]":
-    nums = jit_kwargs.get("donate_argnums")
-    if nums is None:
-        return ()
-    return (nums,) if isinstance(nums, int) else tuple(nums)
+    server_mod.send_error(_open_channels()[1], "user", "WorkloadError", message)
+    os._exit(3)
 
 
-def _step_like(args: tuple, donated: "tuple[int, ...]") -> "Optional[str]":
-    """Why a call looks like a train step (a batch next to another array argument), or None."""
-    try:
-        index, _ = _find_batch_arg(args, None)
-    except ValueError:
-        return None
-    others = [i for i in range(len(args)) if i != index and _leaves(args[i])]
-    if not others:
-        return None  # the batch alone: a data transform, not a step
-    if any(i in donated for i in others):
-        return "it donates argument %d and takes a batch (argument %d)" % (
-            [i for i in others if i in donated][0],
-            index,
-        )
-    return "it takes a batch (argument %d) next to other arrays" % index
+def _called() -> str:
+    return _steps().names_of(_calls, _kinds)
 
 
 def _stop_training(name: str, why: str) -> None:
     """The script is about to train and no step was taken: stop it before that call runs, and tell
     jaxfit what it called."""
-    called = ", ".join("%s (%d)" % (n, c) for n, c in sorted(_calls.items(), key=lambda kv: -kv[1]))
-    _importable()
-    import jaxfit_compile_server as server_mod
-
-    again = _calls.get(name, 0) >= 2
-    server_mod.send_error(
-        _open_channels()[1],
-        "user",
-        "WorkloadError",
-        "the script never called a jitted function named %r, and it was about to train (%r %s; %s), so the probe "
-        "stopped it before that call ran; jitted functions it called (times): %s; pass --step-name with the "
-        "name of its train step, e.g. --step-name %s"
-        % (STEP_NAME, name, "was called a second time" if again else "looks like a train step", why, called, name),
+    if STEP_AUTO:
+        wanted = "it jitted %r, the train step's default name, but called %r first" % (STEP_NAME, name)
+    else:
+        wanted = "it never called the jitted function named %r before" % STEP_NAME
+    _fail(
+        "the script was about to train with %r (a train step: %s) and %s, so the probe stopped it before that "
+        "call ran; jitted functions it called (times, what they do): %s; pass --step-name %s to fit it"
+        % (name, why, wanted, _called(), name)
     )
-    os._exit(3)
+
+
+def _evaluating(name: str) -> None:
+    """Bound the time a probed script spends evaluating before it trains."""
+    import time
+
+    now = time.monotonic()
+    if not _evaluating_since:
+        _evaluating_since.append(now)
+        return
+    if now - _evaluating_since[0] > EVAL_SECONDS:
+        _fail(
+            "the script evaluated for over %.0f s (%r, which returns no updated state) without calling a "
+            "function that updates its state; jitted functions it called (times, what they do): %s; turn its "
+            "evaluation off for the probe (e.g. --probe-arg=--eval-steps=0) or name the train step with "
+            "--step-name" % (EVAL_SECONDS, name, _called())
+        )
 
 
 class _Watched:
-    """Stands in for a jitted function in the probed script: counts its calls, takes it as the step
-    when it is the named one or (without ``--step-name``) when it looks like one."""
+    """Stands in for a jitted function in the probed script: counts its calls, and takes it as the
+    step when it is the named one or (without ``--step-name``) when it is the first call that would
+    update the state (:mod:`jaxfit_steps`). A call that would update the state is never run."""
 
     def __init__(self, jitted: Any, fun: Any, jit_kwargs: "dict[str, Any]") -> None:
         self._jitted = jitted
         self._fun = fun
         self._name = _function_name(fun)
-        self._donated = _donated(jit_kwargs)
+        self._donated = _steps().donated_positions(fun, jit_kwargs)
+        self._kinds: "dict[Any, Any]" = {}  # call signature -> Kind
         functools.update_wrapper(self, jitted, updated=())
 
+    def _classify(self, args: tuple, kwargs: dict) -> Any:
+        steps = _steps()
+        key = steps.call_signature(args, kwargs)
+        kind = self._kinds.get(key)
+        if kind is None:
+            kind = steps.classify(self._jitted, args, kwargs, self._donated)
+            if len(self._kinds) < 8:
+                self._kinds[key] = kind
+        if kind.step_like and (self._name not in _kinds or kind.updates_state):
+            _kinds[self._name] = kind.label
+        return kind
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not _claim() or _serving or _traced(args, kwargs):  # a call inside a traced function is no step
+        if not _claim() or _serving or _steps().is_traced(args, kwargs):  # a call inside a trace is no step
             return self._jitted(*args, **kwargs)
         with _lock:
             count = _calls[self._name] = _calls.get(self._name, 0) + 1
-        if self._name == STEP_NAME:
-            _serve(self._jitted, self._fun, args, kwargs, "named %r" % STEP_NAME)
+        kind = self._classify(args, kwargs)
         if count & (count - 1) == 0:  # 1, 2, 4, 8...: enough for the error message
-            _send({"op": "jit_called", "name": self._name, "count": count})
-        why = _step_like(args, self._donated)
-        named_pending = STEP_NAME in _seen and STEP_NAME not in _calls  # the named step comes later
-        if why is not None and STEP_AUTO and not named_pending and (count >= 2 or "donates" in why):
-            _serve(
-                self._jitted,
-                self._fun,
-                args,
-                kwargs,
-                "found: %s%s" % (why, "; called a second time" if count >= 2 else ""),
-            )
-        if why is not None and (count >= 2 or "donates" in why):
-            _stop_training(self._name, why)
+            _send({"op": "jit_called", "name": self._name, "count": count, "kind": _kinds.get(self._name)})
+        if self._name == STEP_NAME:
+            _serve(self._jitted, self._fun, args, kwargs, "named %r" % STEP_NAME, kind)
+        if kind.updates_state:
+            named_pending = STEP_NAME in _seen  # the named step is jitted, and comes later
+            if STEP_AUTO and not named_pending:
+                _serve(self._jitted, self._fun, args, kwargs, "found: %s" % kind.why, kind)
+            _stop_training(self._name, kind.why)
+        if kind.step_like:
+            _evaluating(self._name)
         return self._jitted(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -394,13 +382,19 @@ def _patch_jax(jax_module: Any) -> None:
         if STEP_NAME:
             _report_jit(name)
             return _Watched(jitted, fun, kwargs)
-        if not run_step or name != run_step:
+        if not run_step:
+            return jitted
+        if name != run_step:
+            if PIN:  # a train step that is not the pinned one must not train unchecked
+                import jaxfit_pin
+
+                return jaxfit_pin.OtherFunction(jitted, fun, kwargs, run_step, _claim)
             return jitted
         step = jitted
         if PIN:
             import jaxfit_pin
 
-            step = jaxfit_pin.PinnedStep(jitted, PIN, os.environ.get(jaxfit_pin.REPORT_ENV))
+            step = jaxfit_pin.PinnedStep(jitted, PIN, os.environ.get(jaxfit_pin.REPORT_ENV), fun, kwargs)
         if MEASURE:
             import jaxfit_measure
 

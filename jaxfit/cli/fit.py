@@ -95,7 +95,7 @@ def fit_command(
     command = list(source.run_command) if isinstance(source, ScriptSource) else None
     batch_flag = source.batch_flag if isinstance(source, ScriptSource) else "--batch-size"
     if quiet:
-        out.print(result.message, highlight=False)
+        out.print(f"{result.message}; {result.step_phrase()}", highlight=False, markup=False)
     else:
         print_result(result, out, command, batch_flag)
     if breakdown:

@@ -100,6 +100,8 @@ def run_line(result: FitResult, command: list[str] | None = None, batch_flag: st
         words.append(f"... {batch_flag}={result.batch_size}")
     else:
         words.append("...")
+    if result.pinned and result.step_name:  # a shell comment: the line still pastes as it is
+        words.append(f"  # loads the proven program of {result.step_name!r}")
     return "run with: " + " ".join(words)
 
 
@@ -111,6 +113,7 @@ def print_result(
     total = result.device.get("total_bytes")
     console.print(
         f"[bold]{result.message}[/]\n"
+        f"proved: {result.step_phrase()}\n"
         f"fraction {result.mem_fraction:.2f} of {format_bytes(total)} -> limit {format_bytes(result.limit_bytes)}, "
         f"headroom {format_bytes(result.headroom_bytes)}, budget {format_bytes(result.budget_bytes)}\n"
         f"{result.compiles} compiles in {result.rounds} rounds, {result.wall_seconds:.1f} s"

@@ -69,14 +69,23 @@ def raise_compile_error(outcome: CompileOutcome) -> None:
 
 
 def note_found_step(progress: Progress | None, workload: Mapping[str, Any]) -> None:
-    """Say which function a probe took as the train step when it found it itself."""
-    found = str(workload.get("description", {}).get("step_found") or "")
+    """Say which function a probe took as the train step when it found it itself, and warn when the
+    step taken returns no updated state (a named evaluation step)."""
+    description = workload.get("description", {})
+    found = str(description.get("step_found") or "")
+    name = workload.get("name")
     if found.startswith("found"):
         notify(
             progress,
             "note",
-            text=f"the probe took {workload.get('name')!r} as the train step ({found}); "
-            "pass --step-name to choose another",
+            text=f"the probe took {name!r} as the train step ({found}); pass --step-name to choose another",
+        )
+    if (description.get("step_kind") or {}).get("updates_state") is False:
+        notify(
+            progress,
+            "note",
+            text=f"warning: {name!r} returns none of its arguments updated, so it looks like an evaluation "
+            "step, not the train step; the answer is for it alone",
         )
 
 

@@ -189,6 +189,7 @@ class CompileChild:
         self._requests: Any = None
         self.jitted_names: list[str] = []
         self.called: dict[str, int] = {}  # jitted function -> calls seen (a probed script)
+        self.called_kinds: dict[str, str] = {}  # jitted function -> what it does (train step, evaluation...)
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._log: collections.deque[str] = collections.deque(maxlen=60)
         self._next_id = 0
@@ -328,6 +329,8 @@ class CompileChild:
                 continue
             if reply.get("op") == "jit_called":
                 self.called[str(reply.get("name"))] = int(reply.get("count") or 1)
+                if reply.get("kind"):
+                    self.called_kinds[str(reply.get("name"))] = str(reply["kind"])
                 continue
             return reply
 
@@ -348,9 +351,17 @@ class CompileChild:
         parts = []
         if called:
             parts.append(
-                "jitted functions it called (times, at least): "
-                + ", ".join(f"{name} ({count})" for name, count in called[:12])
+                "jitted functions it called (times, at least; what they do): "
+                + ", ".join(
+                    f"{name} ({count}{', ' + self.called_kinds[name] if name in self.called_kinds else ''})"
+                    for name, count in called[:12]
+                )
             )
+            if not any(kind == "train step" for kind in self.called_kinds.values()):
+                parts.append(
+                    "none of them updates the state it is given, as a train step does (it returns the state "
+                    "updated); a script that only evaluates has no train step to fit"
+                )
         if only_jitted:
             more = f" and {len(only_jitted) - 12} more" if len(only_jitted) > 12 else ""
             parts.append("jitted but not called: " + ", ".join(only_jitted[:12]) + more)
@@ -362,7 +373,8 @@ class CompileChild:
             if name:
                 return f"reach the first call of the jitted function {name!r} in the script"
             return (
-                "reach the first call of the script's train step (train_step, or a jitted function that looks like one)"
+                "reach the first call of the script's train step (train_step, or the first jitted function that "
+                "returns the state it is given updated)"
             )
         return "start the compile child"
 

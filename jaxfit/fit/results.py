@@ -125,6 +125,45 @@ class FitResult:
         """Whether the proven program is stored for the training process."""
         return self.pin is not None
 
+    @property
+    def step_name(self) -> str | None:
+        """The name of the jitted function that was proven (None when the workload does not say)."""
+        name = self.workload.get("description", {}).get("step_name") or self.workload.get("name")
+        return str(name) if name else None
+
+    @property
+    def step(self) -> dict[str, Any]:
+        """Which function was proven and how it was chosen: ``name``; ``chosen`` (``named``: by
+        ``--step-name`` or the default ``train_step``; ``found``: by what it does; ``workload``: an
+        example's or entry's own step); ``updates_state`` (it returns the state it is given
+        updated, as a train step does; None when not known); ``why``; ``called`` (a probed script's
+        jitted functions before the step, with call counts, and ``called_kinds``: what each does)."""
+        description = self.workload.get("description", {})
+        found = str(description.get("step_found") or "")
+        kind = description.get("step_kind") or {}
+        return {
+            "name": self.step_name,
+            "chosen": "found" if found.startswith("found") else "named" if found else "workload",
+            "updates_state": kind.get("updates_state") if kind else None,
+            "why": kind.get("why") or (found.partition(": ")[2] if found.startswith("found") else None),
+            "called": description.get("called", {}),
+            "called_kinds": description.get("called_kinds", {}),
+        }
+
+    def step_phrase(self) -> str:
+        """``step '_update' (found: it returns argument 0 updated ...)``: which function was proven, in words."""
+        step = self.step
+        if step["name"] is None:
+            return "step unknown"
+        how = {"found": "found", "named": "named", "workload": "the workload's step"}[step["chosen"]]
+        why = f": {step['why']}" if step["chosen"] == "found" and step["why"] else ""
+        warn = (
+            "; note: it returns no updated state, so it looks like an evaluation, not the train step"
+            if step["updates_state"] is False
+            else ""
+        )
+        return f"step {step['name']!r} ({how}{why}{warn})"
+
     def run_env(self) -> dict[str, str]:
         """The environment that runs the proven program in a user's own shell
         (:func:`jaxfit.fit.pin.run_environment`); prepend its PYTHONPATH to your own."""
@@ -136,12 +175,14 @@ class FitResult:
         """A JSON-ready dict (the documented ``--json`` object), with ``env`` (:meth:`run_env`)."""
         data = dataclasses.asdict(self)
         data["env"] = self.run_env()
+        data["step_name"] = self.step_name
+        data["step"] = self.step
         return data
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FitResult:
         fields = {f.name for f in dataclasses.fields(cls)}
-        data = {k: v for k, v in d.items() if k in fields}  # ``env`` is derived, not stored
+        data = {k: v for k, v in d.items() if k in fields}  # ``env`` and ``step`` are derived, not stored
         data["candidates"] = [Candidate(**c) for c in d["candidates"]]
         return cls(**data)
 

@@ -282,11 +282,20 @@ class RunOutcome:
 
     Attributes:
       exit_code: The command's exit code (128 + n when killed by signal n).
-      program_pinned: Whether the train step ran the program the fit proved.
+      program_pinned: Whether the train step ran the program the fit proved: the pinned function
+        ran the pinned executable, it updates the state (it is a train step, not an evaluation),
+        and no other function that updates the state ran (the hook stops one before it runs).
       pinned_peak_bytes: That program's compiled peak (None when nothing is pinned).
       program_peak_bytes: The peak of the program the step ran (the pinned one, or its own compile).
       reason: Why it is not the pinned program, when it is not.
-      stopped: Whether jaxfit's guard stopped it before its first step (its own program did not fit).
+      stopped: Whether jaxfit's guard stopped it before its first step (its own program did not fit,
+        or another function than the pinned one was about to train: ``stopped_for``).
+      pinned_step: The function the pin covers.
+      step_updates_state: Whether that function returned the state updated (None: never called).
+      step_calls: How often the training loop called it (counted to 2: ``step_repeated``).
+      step_repeated: Whether the loop called it more than once.
+      other_train_steps: Other functions that were about to update the state (the run stopped).
+      stopped_for: ``budget`` (its own program over the budget) or ``step`` (another train step).
     """
 
     exit_code: int
@@ -295,16 +304,28 @@ class RunOutcome:
     program_peak_bytes: int | None
     reason: str | None
     stopped: bool = False
+    pinned_step: str | None = None
+    step_updates_state: bool | None = None
+    step_calls: int = 0
+    step_repeated: bool = False
+    other_train_steps: tuple[str, ...] = ()
+    stopped_for: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["other_train_steps"] = list(self.other_train_steps)
+        return data
 
     def summary(self) -> str:
         """One line for people."""
         from jaxfit.fit.budget import format_bytes
 
+        step = f" {self.pinned_step!r}" if self.pinned_step else ""
         if self.program_pinned:
-            return f"the train step ran the proven program (peak {format_bytes(self.pinned_peak_bytes)})"
+            calls = f", called {'repeatedly' if self.step_repeated else 'once'}" if self.step_calls else ""
+            return f"the train step{step} ran the proven program (peak {format_bytes(self.pinned_peak_bytes)}{calls})"
+        if self.stopped and self.stopped_for == "step":
+            return f"stopped before it trained unchecked: {self.reason}"
         if self.stopped:
             return (
                 f"stopped before its first step: its own program needs {format_bytes(self.program_peak_bytes)}, "
@@ -319,16 +340,26 @@ def outcome_of(
     exit_code: int, plan_pin: Pin | None, report: Mapping[str, Any] | None, *, not_pinned: str | None
 ) -> RunOutcome:
     """A run's :class:`RunOutcome` from the hook's report (``jaxfit.fit.pin.read_report``)."""
+    step = plan_pin.step_name if plan_pin else None
     if report is None:
-        reason = not_pinned or ("the train step was never called" if plan_pin is not None else "nothing was pinned")
-        return RunOutcome(exit_code, False, plan_pin.peak_bytes if plan_pin else None, None, reason)
+        reason = not_pinned or (
+            f"the train step {step!r} was never called" if plan_pin is not None else "nothing was pinned"
+        )
+        return RunOutcome(exit_code, False, plan_pin.peak_bytes if plan_pin else None, None, reason, pinned_step=step)
+    stopped = bool(report.get("stopped"))
     return RunOutcome(
         exit_code,
         bool(report.get("program_pinned")),
         report.get("pinned_peak_bytes"),
         report.get("program_peak_bytes"),
         report.get("reason"),
-        bool(report.get("stopped")),
+        stopped,
+        pinned_step=report.get("step_name") or step,
+        step_updates_state=report.get("step_updates_state"),
+        step_calls=int(report.get("step_calls") or 0),
+        step_repeated=bool(report.get("step_repeated")),
+        other_train_steps=tuple(report.get("other_train_steps") or ()),
+        stopped_for=report.get("stopped_for") or ("budget" if stopped else None),
     )
 
 
