@@ -129,9 +129,9 @@ def test_a_step_that_is_never_called_stops_the_script_before_it_trains(tmp_path,
         "ck",
     )
     line = error_line(proc)
-    assert "never called a jitted function named 'nosuch_step'" in line
-    assert "'train_step' looks like a train step; it donates argument 0" in line
-    assert "train_step (1)" in line and "--step-name train_step" in line
+    assert "it never called the jitted function named 'nosuch_step' before" in line
+    assert "was about to train with 'train_step' (a train step: it returns argument 0 updated" in line
+    assert "train_step (1, train step)" in line and "--step-name train_step" in line
     assert not list(checkpoints.glob("*/1")), "the probe let the script train"
     assert not checkpoints.exists() and "removed what the probe's start-up created: ck" in line
 
@@ -139,7 +139,8 @@ def test_a_step_that_is_never_called_stops_the_script_before_it_trains(tmp_path,
 def test_a_step_with_another_name_is_found_and_said(tmp_path, run_cli):
     proc = run_cli("fit", "--script", *SMALL, "--json", "fit.json", "--", sys.executable, SHAPED, "--step-fn", "update")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "the probe took 'update' as the train step (found: it donates argument 0" in proc.stderr.replace("\n", " ")
+    said = proc.stderr.replace("\n", " ")
+    assert "the probe took 'update' as the train step (found: it returns argument 0 updated" in said
     fit = json.loads((tmp_path / "fit.json").read_text())
     assert fit["workload"]["name"] == "update" and fit["pin"]["step_name"] == "update"
 
@@ -179,7 +180,7 @@ def test_the_missing_step_error_lists_called_functions_before_jitted_ones(tmp_pa
     )
     line = error_line(proc)
     assert "timed out after 20 s" in line
-    assert "jitted functions it called (times, at least): <lambda> (2)" in line
+    assert "jitted functions it called (times, at least; what they do): <lambda> (2)" in line
     assert "jitted but not called: helper" in line and "gammasgn" not in line
 
 

@@ -236,7 +236,11 @@ def classify(jitted: Any, args: tuple, kwargs: "Dict[str, Any]", donated: "Tuple
     if not others:
         return Kind(False, False, batch, None, donated, False, "it takes a batch and nothing else (a data transform)")
     import jax
-    from jaxfit_compile_server import runtime_typechecks_off
+
+    try:  # in the script's process, this folder is on sys.path; in jaxfit's, it is a package
+        from jaxfit_compile_server import runtime_typechecks_off
+    except ImportError:
+        from jaxfit._probe.jaxfit_compile_server import runtime_typechecks_off
 
     try:
         with runtime_typechecks_off():
