@@ -73,6 +73,8 @@ def run_command(
                 run=outcome.to_dict(),
                 program_pinned=outcome.program_pinned,
                 pinned_peak_bytes=outcome.pinned_peak_bytes,
+                pinned_step=outcome.pinned_step,
+                pinned_step_repeated=outcome.step_repeated,
             ),
         )
     return outcome.exit_code

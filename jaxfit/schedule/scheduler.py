@@ -460,8 +460,9 @@ class Scheduler:
 
 
 def pin_status(record: ExperimentRecord) -> dict[str, Any]:
-    """``program_pinned``, ``pinned_peak_bytes``, ``program_peak_bytes`` and ``pin_reason`` of a run's
-    latest attempt, from its start-up hook's report."""
+    """``program_pinned``, ``pinned_peak_bytes``, ``program_peak_bytes``, ``pin_reason`` and
+    ``pinned_step`` (the function the pin covers) of a run's latest attempt, from its start-up hook's
+    report."""
     pin = _pin_at(record.pin_path)
     report = read_report(report_path_of(record.log_path)) if record.log_path else None
     if report is None:
@@ -479,12 +480,14 @@ def pin_status(record: ExperimentRecord) -> dict[str, Any]:
             "pinned_peak_bytes": pin.peak_bytes if pin else None,
             "program_peak_bytes": None,
             "pin_reason": reason,
+            "pinned_step": pin.step_name if pin else None,
         }
     return {
         "program_pinned": bool(report.get("program_pinned")),
         "pinned_peak_bytes": report.get("pinned_peak_bytes"),
         "program_peak_bytes": report.get("program_peak_bytes"),
         "pin_reason": report.get("reason"),
+        "pinned_step": report.get("step_name") or (pin.step_name if pin else None),
     }
 
 
