@@ -67,7 +67,8 @@ def test_run_on_train_py_loads_the_pinned_program(tmp_path, run_cli, monkeypatch
     assert plan["pinned_peak_bytes"] == plan["fit"]["peak_bytes"] == plan["run"]["program_peak_bytes"]
     assert plan["pin"]["batch_size"] == plan["batch_size"] == 48
     assert "runs the program jaxfit proved" in proc.stderr and "done: 3 steps" in proc.stdout
-    assert "the train step ran the proven program" in proc.stderr
+    assert "the train step 'train_step' ran the proven program" in proc.stderr.replace("\n", " ")
+    assert plan["pinned_step"] == "train_step" and plan["pinned_step_repeated"] is True
 
 
 def test_the_fit_prints_the_environment_that_reproduces_the_proven_program(tmp_path, run_cli):

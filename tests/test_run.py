@@ -244,7 +244,7 @@ def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
                 sys.executable,
                 str(FIXTURES / "mini_train.py"),
             ],
-            "jitted functions it called (times): init (1), train_step (1)",
+            "jitted functions it called (times, what they do): init (1), train_step (1, train step)",
         ),
         (
             ["fit", "--script", *SMALL, "--", sys.executable, str(FIXTURES / "mini_train.py"), "--fail-before-step"],
