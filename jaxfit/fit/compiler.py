@@ -21,6 +21,7 @@ from typing import Any
 
 from jaxfit import errors
 from jaxfit.errors import WorkerError
+from jaxfit.fit.leftovers import probe_environment
 from jaxfit.fit.memory import MemoryReport
 from jaxfit.fit.sources import ScriptSource, Source, to_json
 
@@ -110,6 +111,7 @@ HOOK_VARIABLES = (
     "JAXFIT_PROBE_STEP_AUTO",
     "JAXFIT_PROBE_BATCH_SIZE",
     "JAXFIT_PROBE_BATCH_ARG",
+    "JAXFIT_PROBE_WRITES",
 )
 """Variables of the start-up hook: set only for the process they are meant for, never inherited."""
 
@@ -145,6 +147,7 @@ def launch_for(source: Source, python: str = sys.executable) -> tuple[list[str],
         "PYTHONPATH": hooked_pythonpath(),
         "JAXFIT_PROBE_STEP_NAME": source.step_name or DEFAULT_STEP_NAME,
         "WANDB_MODE": "disabled",  # the probe never trains, so it must not create a tracked run
+        **probe_environment(),  # inside a fit: record what the script creates (jaxfit.fit.leftovers)
     }
     if not source.step_name:
         extra["JAXFIT_PROBE_STEP_AUTO"] = "1"
