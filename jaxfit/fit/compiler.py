@@ -139,7 +139,8 @@ def launch_for(source: Source, python: str = sys.executable) -> tuple[list[str],
     A built-in example or ``--entry`` runs in ``python -m jaxfit.fit.worker``. A training script runs
     as itself, with the probe folder first on PYTHONPATH: its ``sitecustomize`` intercepts the
     jitted step's first call and serves compiles from inside the script (see
-    :mod:`jaxfit._probe.sitecustomize`), so the script's own environment needs no jaxfit.
+    :mod:`jaxfit._probe.sitecustomize`), so the script's own environment needs no jaxfit. Inside a
+    fit the probe also records what the script creates (:func:`jaxfit.fit.leftovers.probe_environment`).
     """
     if not isinstance(source, ScriptSource):
         return [python, "-m", "jaxfit.fit.worker"], {"JAXFIT_WORKLOAD_SOURCE": to_json(source)}, None

@@ -1,17 +1,33 @@
 """What a probe's start-up leaves behind, and taking it away before the real run starts.
 
 A probe runs the training script up to its first step, so the script's start-up runs for real: it
-may create its checkpoint folder (openpi and ``scripts/train.py`` do, and then refuse to start
-again without ``--overwrite``), write an evaluation or a step-0 checkpoint, or an experiment folder.
-The real run would find them: one restored the probe's step-0 checkpoint. So around a fit of a
-script, the working folder is listed before the first probe starts and after the last one ended.
-What appeared in between and holds no data (empty folders and files, as the checkpoint folder a
-script creates at start-up) is removed. What holds data is named, never deleted: jaxfit cannot
-tell a probe's step-0 checkpoint from one another run in the same folder wrote meanwhile, and a
-lost checkpoint is worse than a warning; the note says how to point the probe's outputs elsewhere
-(``--probe-arg``). Only the working folder is looked at, without following links, skipping folders
-no script writes its outputs to (``.git``, virtual environments, caches); a folder too large to list
-is left alone, and said so.
+may create its checkpoint folder and write in it (openpi writes ``wandb_id.txt`` there even with
+wandb disabled, and then refuses to start again without ``--overwrite``), write an evaluation or a
+step-0 checkpoint, in the working folder or anywhere else (a trainer's ``--config.workdir``). The
+real run would find them: one restored the probe's step-0 checkpoint. A probe must leave the
+script's output folders as it found them, so around a fit of a script (:func:`cleaned`):
+
+1. **What the probe created, wherever it is.** Each probe records the paths its processes create
+   (:mod:`jaxfit._probe.jaxfit_writes`, a Python audit hook the start-up hook installs when
+   ``$JAXFIT_PROBE_WRITES`` names the record's folder; data-loader workers too). When the probes
+   have ended, every path they created that still exists is removed, data or not, unless something
+   else wrote there: a folder the probe created that holds data it did not create (another
+   process, or a writer no audit event tells of, such as tensorstore or TF's event writer) stays,
+   with that data named, and only the probe's own files in it go; a file changed after the probes
+   ended stays, named. A folder that existed before keeps what it held; only what the probe added
+   goes. Nothing the probe did not create is removed, links are never followed, and what the
+   probe fetched into a cache (``.cache``, ``$HF_HOME`` and the like, :data:`CACHE_VARIABLES`),
+   jaxfit's own folders, environments and compiled Python are left alone, unsaid.
+2. **The working folder, listed.** The net for writes no audit event tells of: it is listed before
+   the first probe starts and after the last one ended; what appeared in between and holds no data
+   is removed, what holds data is named, never deleted (jaxfit cannot tell it from what another
+   run in the same folder wrote meanwhile, and a lost checkpoint is worse than a warning); the note
+   says how to point the probe's outputs elsewhere (``--probe-arg``). The listing does not follow
+   links and skips folders no script writes its outputs to (``.git``, virtual environments,
+   caches); a folder too large to list is left alone, and said so.
+
+The fit's message says what was removed and what was kept (paths in the working folder relative
+to it, others absolute).
 """
 
 from __future__ import annotations
