@@ -311,3 +311,26 @@ def _environ(entry: Path) -> str:
         return (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, IndexError):
         return ""
+
+
+def test_a_probes_links_are_removed_not_followed_and_late_changes_kept(tmp_path):
+    """In a fit (:func:`cleaned`), a probe makes a folder outside the working one with a link to a file
+    it did not create; a file it created shows a change after the probes ended (the clock set back)."""
+    from jaxfit.fit import leftovers
+
+    cwd, out, target = tmp_path / "cwd", tmp_path / "out", tmp_path / "precious.txt"
+    cwd.mkdir()
+    target.write_text("keep me\n")
+    code = (
+        "import os\n"
+        f"os.makedirs({str(out / 'run')!r})\n"
+        f"os.symlink({str(target)!r}, {str(out / 'run' / 'link')!r})\n"
+        f"open({str(out / 'late.txt')!r}, 'w').write('x')\n"
+    )
+    with leftovers.cleaned(cwd) as left:
+        env = dict(os.environ, PYTHONPATH=str(REPO / "jaxfit" / "_probe"), **leftovers.probe_environment())
+        subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, check=True)
+        os.utime(out / "late.txt", (time.time() + 60, time.time() + 60))  # changed "after" the end
+    assert target.read_text() == "keep me\n" and not (out / "run").exists()
+    assert left.removed == [str(out / "run")] and left.kept == [str(out / "late.txt")], left
+    assert not leftovers.probe_environment()
