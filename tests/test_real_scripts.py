@@ -334,3 +334,19 @@ def test_a_probes_links_are_removed_not_followed_and_late_changes_kept(tmp_path)
     assert target.read_text() == "keep me\n" and not (out / "run").exists()
     assert left.removed == [str(out / "run")] and left.kept == [str(out / "late.txt")], left
     assert not leftovers.probe_environment()
+
+
+def test_a_second_probe_of_a_fit_finds_the_folders_as_the_first_did(tmp_path, monkeypatch):
+    """A fit that starts its probes one after another (a GPU planning for another card's size, a
+    fraction fit): each start-up of openpi must find no checkpoint folder, as the first did."""
+    from jaxfit.fit import leftovers
+    from jaxfit.fit.compiler import CompileChild
+    from jaxfit.fit.sources import script_source
+
+    monkeypatch.chdir(tmp_path)
+    source = script_source(OPENPI)
+    with leftovers.cleaned(tmp_path) as left:
+        for _ in range(2):
+            with CompileChild(source, 0.5, start_timeout=120) as child:
+                assert child.info is not None  # reached the step: no FileExistsError
+    assert not (tmp_path / "checkpoints").exists() and left.removed == ["checkpoints"], left

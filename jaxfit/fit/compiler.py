@@ -21,7 +21,7 @@ from typing import Any
 
 from jaxfit import errors
 from jaxfit.errors import WorkerError
-from jaxfit.fit.leftovers import probe_environment
+from jaxfit.fit.leftovers import probe_ended, probe_environment, probe_started
 from jaxfit.fit.memory import MemoryReport
 from jaxfit.fit.sources import ScriptSource, Source, to_json
 
@@ -196,6 +196,7 @@ class CompileChild:
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._log: collections.deque[str] = collections.deque(maxlen=60)
         self._next_id = 0
+        self._recording: Any = None  # the record of what this probe creates (jaxfit.fit.leftovers)
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> CompileChild:
@@ -231,6 +232,7 @@ class CompileChild:
             raise errors.ConfigError(f"cannot start {argv[0]!r}: {e.strerror}; check the command") from None
         finally:
             if self._proc is not None:
+                self._recording = probe_started(extra)
                 for fd in (reply_w, request_r, log_w):
                     os.close(fd)
         self._requests = os.fdopen(request_w, "w", buffering=1)
@@ -273,6 +275,8 @@ class CompileChild:
                 if proc.poll() is None:
                     proc.kill()
             proc.wait()
+            recording, self._recording = self._recording, None
+            probe_ended(recording)  # alone, the probe's writes are taken away now
             if self._requests is not None:
                 try:
                     self._requests.close()

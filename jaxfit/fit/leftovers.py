@@ -9,8 +9,10 @@ script's output folders as it found them, so around a fit of a script (:func:`cl
 
 1. **What the probe created, wherever it is.** Each probe records the paths its processes create
    (:mod:`jaxfit._probe.jaxfit_writes`, a Python audit hook the start-up hook installs when
-   ``$JAXFIT_PROBE_WRITES`` names the record's folder; data-loader workers too). When the probes
-   have ended, every path they created that still exists is removed, data or not, unless something
+   ``$JAXFIT_PROBE_WRITES`` names the record's folder; data-loader workers too). When a probe
+   ends and no other probe of the fit is alive (so a fit's next probe finds the folders as the
+   first did: openpi refuses to start over its checkpoint folder), and again when the fit ends,
+   every path they created that still exists is removed, data or not, unless something
    else wrote there: a folder the probe created that holds data it did not create (another
    process, or a writer no audit event tells of, such as tensorstore or TF's event writer) stays,
    with that data named, and only the probe's own files in it go; a file changed after the probes
@@ -84,9 +86,7 @@ CACHE_VARIABLES = (
     "JAX_COMPILATION_CACHE_DIR",
 )
 """Variables naming cache and download folders: what a probe's start-up fetched there stays."""
-_records: list[str] = []
-"""The record folders of the :func:`cleaned` blocks now open, innermost last."""
-_records_lock = threading.Lock()
+_records_lock = threading.RLock()
 
 
 @dataclasses.dataclass
@@ -169,11 +169,58 @@ def tops(paths: set[str]) -> list[str]:
     return out
 
 
+@dataclasses.dataclass(eq=False)
+class _Recording:
+    """One :func:`cleaned` block's record of its probes' writes, and the probes alive now."""
+
+    folder: str
+    root: Path
+    skip: frozenset[str]
+    result: Leftovers
+    live: int = 0
+    named: set[str] = dataclasses.field(default_factory=set)
+
+    def clean(self) -> None:
+        """Take away what the record holds so far, then drop the record (:func:`_clean_recorded`)."""
+        kept = _clean_recorded(self.folder, self.root, self.skip, time.time(), self.result)
+        self.named.update(_shown(p, self.root) for p in kept)
+        for name in os.listdir(self.folder):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.folder, name))
+
+
+_records: list[_Recording] = []
+"""The records of the :func:`cleaned` blocks now open, innermost last."""
+
+
 def probe_environment() -> dict[str, str]:
     """What a probe started now gets in its environment to record what it creates: the record
     folder of the innermost :func:`cleaned` block (``{}`` outside one)."""
     with _records_lock:
-        return {jaxfit_writes.VARIABLE: _records[-1]} if _records else {}
+        return {jaxfit_writes.VARIABLE: _records[-1].folder} if _records else {}
+
+
+def probe_started(environment: dict[str, str]) -> _Recording | None:
+    """A probe started with ``environment`` (:func:`probe_environment`) is alive: the record it writes
+    to, for :func:`probe_ended`."""
+    with _records_lock:
+        for recording in _records:
+            if recording.folder == environment.get(jaxfit_writes.VARIABLE):
+                recording.live += 1
+                return recording
+    return None
+
+
+def probe_ended(recording: _Recording | None) -> None:
+    """A probe (its whole session) has ended: when no other probe of its block is alive, what they
+    created is taken away now, so the next probe's start-up finds the folders as the first one did
+    (openpi refuses to start over its own checkpoint folder)."""
+    if recording is None:
+        return
+    with _records_lock:
+        recording.live -= 1
+        if recording.live == 0 and recording in _records:
+            recording.clean()
 
 
 def _shown(path: str, root: Path) -> str:
@@ -291,7 +338,7 @@ def cleaned(
     result = Leftovers()
     folder = Path(root or os.getcwd()).resolve()
     skip = frozenset(str(Path(p).resolve()) for p in exclude)
-    record = tempfile.mkdtemp(prefix="jaxfit-writes-")
+    record = _Recording(tempfile.mkdtemp(prefix="jaxfit-writes-"), folder, skip, result)
     before = listing(folder, skip)
     if before is None:
         result.note = f"{folder} is too large to check for what the probe created"
@@ -302,13 +349,14 @@ def cleaned(
     finally:
         with _records_lock:
             _records.remove(record)
-        ended = time.time()
         try:
-            named = {_shown(p, folder) for p in _clean_recorded(record, folder, skip, ended, result)}
+            record.clean()
         finally:
-            shutil.rmtree(record, ignore_errors=True)
+            shutil.rmtree(record.folder, ignore_errors=True)
         if before is not None:
-            _clean_listed(folder, skip, before, named, result)
+            _clean_listed(folder, skip, before, record.named, result)
+        result.removed = list(dict.fromkeys(result.removed))
+        result.kept = list(dict.fromkeys(result.kept))
 
 
 def _clean_listed(folder: Path, skip: frozenset[str], before: set[str], named: set[str], result: Leftovers) -> None:
