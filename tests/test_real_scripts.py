@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -151,13 +153,99 @@ def test_state_written_before_the_first_step_is_removed_or_named(tmp_path, run_c
     assert empty.returncode == 0, empty.stderr[-2000:]
     assert "removed what the probe's start-up created: ck" in empty.stdout.replace("\n", " ")
     assert not checkpoints.exists()
-    step0 = run_cli(
-        "fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--checkpoint-dir", "ck", "--step0-checkpoint"
+    step0 = _fit(run_cli, tmp_path, "--checkpoint-dir", "ck", "--step0-checkpoint")
+    assert "removed what the probe's start-up created: ck" in step0["message"], step0["message"]
+    assert not checkpoints.exists()  # the probe's step-0 checkpoint, data and all
+    unseen = _fit(run_cli, tmp_path, "--checkpoint-dir", "ck", "--step0-checkpoint", "--step0-writer", "shell")
+    said = unseen["message"]
+    assert f"{os.path.join('ck', 'run', '0')} appeared with data in it and was left in place" in said, said
+    assert "--probe-arg" in said
+    assert (checkpoints / "run" / "0" / "state.txt").exists()  # no audit event told of it: never deleted
+
+
+def test_a_step0_checkpoint_outside_the_working_folder_is_removed_and_not_restored(tmp_path, run_cli):
+    """A trainer's --config.workdir: the probe's step-0 checkpoint there was restored by the real run."""
+    cwd, workdir = tmp_path / "cwd", tmp_path / "workdir"
+    cwd.mkdir()
+    script = [sys.executable, SHAPED, "--checkpoint-dir", str(workdir), "--step0-checkpoint"]
+    fit = run_cli("fit", "--script", *SMALL, "--json", str(tmp_path / "fit.json"), "--", *script, cwd=cwd)
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    message = json.loads((tmp_path / "fit.json").read_text())["message"]
+    assert f"removed what the probe's start-up created: {workdir}" in message, message
+    assert not workdir.exists() and not list(cwd.iterdir())
+    run = run_cli("run", *SMALL, "--", *script, "--steps", "2", cwd=cwd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Restoring checkpoint 0" not in run.stdout + run.stderr
+    assert (workdir / "run" / "2" / "state.txt").read_text() == "step 2\n"
+
+
+OPENPI = [sys.executable, SHAPED, "--openpi-checkpoints", "--exp-name", "exp"]
+"""openpi with its defaults: checkpoints/<exp>/wandb_id.txt at start-up, and no start over an existing folder."""
+
+
+def test_an_openpi_checkpoint_folder_is_removed_so_the_real_run_starts(tmp_path, run_cli):
+    checkpoints = tmp_path / "checkpoints"
+    fit = _fit(run_cli, tmp_path, *OPENPI[2:])
+    assert "removed what the probe's start-up created: checkpoints" in fit["message"], fit["message"]
+    assert not checkpoints.exists()
+    run = run_cli("run", *SMALL, "--", *OPENPI, "--steps", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "FileExistsError" not in run.stderr
+    assert (checkpoints / "exp" / "wandb_id.txt").exists() and (checkpoints / "exp" / "2" / "state.txt").exists()
+
+
+def test_what_another_process_writes_in_the_probes_folder_is_kept_and_named(tmp_path):
+    """The probe created checkpoints/exp; while it ran, another process wrote there: that file stays."""
+    folder = tmp_path / "checkpoints" / "exp"
+    command = [sys.executable, "-m", "jaxfit.cli", "fit", "--script", *SMALL, "--json", "fit.json", "--"]
+    proc = subprocess.Popen(
+        [*command, *OPENPI, "--startup-seconds", "4"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    assert step0.returncode == 0, step0.stderr[-2000:]
-    said = step0.stdout.replace("\n", " ")
-    assert "ck appeared with data in it and was left in place" in said and "--probe-arg" in said
-    assert (checkpoints / "run" / "0" / "state.txt").exists()  # data is never deleted
+    deadline = time.monotonic() + 120
+    while not (folder / "wandb_id.txt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    (folder / "other.txt").write_text("another run's\n")
+    _out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    message = json.loads((tmp_path / "fit.json").read_text())["message"]
+    other = os.path.join("checkpoints", "exp", "other.txt")
+    assert f"{other} appeared with data in it and was left in place" in message, message
+    assert f"removed what the probe's start-up created: {os.path.join('checkpoints', 'exp', 'wandb_id.txt')}" in message
+    assert sorted(p.name for p in folder.iterdir()) == ["other.txt"]
+
+
+def test_a_folder_that_existed_keeps_what_it_held(tmp_path, run_cli):
+    run = tmp_path / "ck" / "run"
+    (run / "old").mkdir(parents=True)
+    (run / "old" / "state.txt").write_text("old\n")
+    (run / "notes.txt").write_text("")
+    fit = _fit(run_cli, tmp_path, "--checkpoint-dir", "ck", "--step0-checkpoint")
+    assert f"removed what the probe's start-up created: {os.path.join('ck', 'run', '0')}" in fit["message"]
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "old"]
+    assert (run / "old" / "state.txt").read_text() == "old\n"
+
+
+def test_the_record_follows_renames_and_removals(tmp_path):
+    """An atomic checkpoint write (a temporary folder renamed), a file removed, a folder moved in."""
+    record = tmp_path / "record"
+    record.mkdir()
+    (tmp_path / "before").mkdir()
+    code = (
+        "import os, shutil\n"
+        "os.makedirs('out/0.tmp/d')\n"
+        "open('out/0.tmp/d/a', 'w').write('x')\n"
+        "os.rename('out/0.tmp', 'out/0')\n"
+        "open('gone', 'w').close(); os.remove('gone')\n"
+        "os.rename('before', 'out/moved')\n"
+        "open('new_file', 'a').close()\n"
+    )
+    env = dict(os.environ, JAXFIT_PROBE_WRITES=str(record), PYTHONPATH=str(REPO / "jaxfit" / "_probe"))
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True)
+    from jaxfit._probe import jaxfit_writes
+
+    created = {os.path.relpath(p, tmp_path): kind for p, kind in jaxfit_writes.created(str(record)).items()}
+    assert created == {"out": "dir", "out/0": "dir", "out/0/d": "dir", "out/0/d/a": "file", "new_file": "file"}
 
 
 def test_the_missing_step_error_lists_called_functions_before_jitted_ones(tmp_path, run_cli):
@@ -224,3 +312,42 @@ def _environ(entry: Path) -> str:
         return (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, IndexError):
         return ""
+
+
+def test_a_probes_links_are_removed_not_followed_and_late_changes_kept(tmp_path):
+    """In a fit (:func:`cleaned`), a probe makes a folder outside the working one with a link to a file
+    it did not create; a file it created shows a change after the probes ended (the clock set back)."""
+    from jaxfit.fit import leftovers
+
+    cwd, out, target = tmp_path / "cwd", tmp_path / "out", tmp_path / "precious.txt"
+    cwd.mkdir()
+    target.write_text("keep me\n")
+    code = (
+        "import os\n"
+        f"os.makedirs({str(out / 'run')!r})\n"
+        f"os.symlink({str(target)!r}, {str(out / 'run' / 'link')!r})\n"
+        f"open({str(out / 'late.txt')!r}, 'w').write('x')\n"
+    )
+    with leftovers.cleaned(cwd) as left:
+        env = dict(os.environ, PYTHONPATH=str(REPO / "jaxfit" / "_probe"), **leftovers.probe_environment())
+        subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, check=True)
+        os.utime(out / "late.txt", (time.time() + 60, time.time() + 60))  # changed "after" the end
+    assert target.read_text() == "keep me\n" and not (out / "run").exists()
+    assert left.removed == [str(out / "run")] and left.kept == [str(out / "late.txt")], left
+    assert not leftovers.probe_environment()
+
+
+def test_a_second_probe_of_a_fit_finds_the_folders_as_the_first_did(tmp_path, monkeypatch):
+    """A fit that starts its probes one after another (a GPU planning for another card's size, a
+    fraction fit): each start-up of openpi must find no checkpoint folder, as the first did."""
+    from jaxfit.fit import leftovers
+    from jaxfit.fit.compiler import CompileChild
+    from jaxfit.fit.sources import script_source
+
+    monkeypatch.chdir(tmp_path)
+    source = script_source(OPENPI)
+    with leftovers.cleaned(tmp_path) as left:
+        for _ in range(2):
+            with CompileChild(source, 0.5, start_timeout=120) as child:
+                assert child.info is not None  # reached the step: no FileExistsError
+    assert not (tmp_path / "checkpoints").exists() and left.removed == ["checkpoints"], left

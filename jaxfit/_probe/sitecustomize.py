@@ -464,6 +464,11 @@ def _chain_next_sitecustomize() -> None:
 
 
 def _install() -> None:
+    if os.environ.get("JAXFIT_PROBE_WRITES"):  # a probe: record what the script creates (jaxfit_writes)
+        _importable()
+        import jaxfit_writes
+
+        jaxfit_writes.install(os.environ["JAXFIT_PROBE_WRITES"])
     patches = {}
     if STEP_NAME or PIN or MEASURE:
         patches["jax"] = _patch_jax

@@ -21,6 +21,7 @@ from typing import Any
 
 from jaxfit import errors
 from jaxfit.errors import WorkerError
+from jaxfit.fit.leftovers import probe_ended, probe_environment, probe_started
 from jaxfit.fit.memory import MemoryReport
 from jaxfit.fit.sources import ScriptSource, Source, to_json
 
@@ -110,6 +111,7 @@ HOOK_VARIABLES = (
     "JAXFIT_PROBE_STEP_AUTO",
     "JAXFIT_PROBE_BATCH_SIZE",
     "JAXFIT_PROBE_BATCH_ARG",
+    "JAXFIT_PROBE_WRITES",
 )
 """Variables of the start-up hook: set only for the process they are meant for, never inherited."""
 
@@ -137,7 +139,8 @@ def launch_for(source: Source, python: str = sys.executable) -> tuple[list[str],
     A built-in example or ``--entry`` runs in ``python -m jaxfit.fit.worker``. A training script runs
     as itself, with the probe folder first on PYTHONPATH: its ``sitecustomize`` intercepts the
     jitted step's first call and serves compiles from inside the script (see
-    :mod:`jaxfit._probe.sitecustomize`), so the script's own environment needs no jaxfit.
+    :mod:`jaxfit._probe.sitecustomize`), so the script's own environment needs no jaxfit. Inside a
+    fit the probe also records what the script creates (:func:`jaxfit.fit.leftovers.probe_environment`).
     """
     if not isinstance(source, ScriptSource):
         return [python, "-m", "jaxfit.fit.worker"], {"JAXFIT_WORKLOAD_SOURCE": to_json(source)}, None
@@ -145,6 +148,7 @@ def launch_for(source: Source, python: str = sys.executable) -> tuple[list[str],
         "PYTHONPATH": hooked_pythonpath(),
         "JAXFIT_PROBE_STEP_NAME": source.step_name or DEFAULT_STEP_NAME,
         "WANDB_MODE": "disabled",  # the probe never trains, so it must not create a tracked run
+        **probe_environment(),  # inside a fit: record what the script creates (jaxfit.fit.leftovers)
     }
     if not source.step_name:
         extra["JAXFIT_PROBE_STEP_AUTO"] = "1"
@@ -193,6 +197,7 @@ class CompileChild:
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._log: collections.deque[str] = collections.deque(maxlen=60)
         self._next_id = 0
+        self._recording: Any = None  # the record of what this probe creates (jaxfit.fit.leftovers)
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> CompileChild:
@@ -228,6 +233,7 @@ class CompileChild:
             raise errors.ConfigError(f"cannot start {argv[0]!r}: {e.strerror}; check the command") from None
         finally:
             if self._proc is not None:
+                self._recording = probe_started(extra)
                 for fd in (reply_w, request_r, log_w):
                     os.close(fd)
         self._requests = os.fdopen(request_w, "w", buffering=1)
@@ -270,6 +276,8 @@ class CompileChild:
                 if proc.poll() is None:
                     proc.kill()
             proc.wait()
+            recording, self._recording = self._recording, None
+            probe_ended(recording)  # alone, the probe's writes are taken away now
             if self._requests is not None:
                 try:
                     self._requests.close()

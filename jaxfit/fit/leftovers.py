@@ -1,17 +1,35 @@
 """What a probe's start-up leaves behind, and taking it away before the real run starts.
 
 A probe runs the training script up to its first step, so the script's start-up runs for real: it
-may create its checkpoint folder (openpi and ``scripts/train.py`` do, and then refuse to start
-again without ``--overwrite``), write an evaluation or a step-0 checkpoint, or an experiment folder.
-The real run would find them: one restored the probe's step-0 checkpoint. So around a fit of a
-script, the working folder is listed before the first probe starts and after the last one ended.
-What appeared in between and holds no data (empty folders and files, as the checkpoint folder a
-script creates at start-up) is removed. What holds data is named, never deleted: jaxfit cannot
-tell a probe's step-0 checkpoint from one another run in the same folder wrote meanwhile, and a
-lost checkpoint is worse than a warning; the note says how to point the probe's outputs elsewhere
-(``--probe-arg``). Only the working folder is looked at, without following links, skipping folders
-no script writes its outputs to (``.git``, virtual environments, caches); a folder too large to list
-is left alone, and said so.
+may create its checkpoint folder and write in it (openpi writes ``wandb_id.txt`` there even with
+wandb disabled, and then refuses to start again without ``--overwrite``), write an evaluation or a
+step-0 checkpoint, in the working folder or anywhere else (a trainer's ``--config.workdir``). The
+real run would find them: one restored the probe's step-0 checkpoint. A probe must leave the
+script's output folders as it found them, so around a fit of a script (:func:`cleaned`):
+
+1. **What the probe created, wherever it is.** Each probe records the paths its processes create
+   (:mod:`jaxfit._probe.jaxfit_writes`, a Python audit hook the start-up hook installs when
+   ``$JAXFIT_PROBE_WRITES`` names the record's folder; data-loader workers too). When a probe
+   ends and no other probe of the fit is alive (so a fit's next probe finds the folders as the
+   first did: openpi refuses to start over its checkpoint folder), and again when the fit ends,
+   every path they created that still exists is removed, data or not, unless something
+   else wrote there: a folder the probe created that holds data it did not create (another
+   process, or a writer no audit event tells of, such as tensorstore or TF's event writer) stays,
+   with that data named, and only the probe's own files in it go; a file changed after the probes
+   ended stays, named. A folder that existed before keeps what it held; only what the probe added
+   goes. Nothing the probe did not create is removed, links are never followed, and what the
+   probe fetched into a cache (``.cache``, ``$HF_HOME`` and the like, :data:`CACHE_VARIABLES`),
+   jaxfit's own folders, environments and compiled Python are left alone, unsaid.
+2. **The working folder, listed.** The net for writes no audit event tells of: it is listed before
+   the first probe starts and after the last one ended; what appeared in between and holds no data
+   is removed, what holds data is named, never deleted (jaxfit cannot tell it from what another
+   run in the same folder wrote meanwhile, and a lost checkpoint is worse than a warning); the note
+   says how to point the probe's outputs elsewhere (``--probe-arg``). The listing does not follow
+   links and skips folders no script writes its outputs to (``.git``, virtual environments,
+   caches); a folder too large to list is left alone, and said so.
+
+The fit's message says what was removed and what was kept (paths in the working folder relative
+to it, others absolute).
 """
 
 from __future__ import annotations
@@ -20,8 +38,14 @@ import contextlib
 import dataclasses
 import os
 import shutil
-from collections.abc import Iterator
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from jaxfit._probe import jaxfit_writes
 
 SKIP_DIRS = frozenset(
     {
@@ -46,16 +70,35 @@ SKIP_DIRS = frozenset(
 MAX_ENTRIES = 200_000
 """Entries listed at most; a larger working folder is not checked."""
 REDIRECT_HINT = "--probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe"
+NEVER_REMOVED = frozenset(
+    {".cache", "__pycache__", "site-packages", "dist-packages", ".git", ".hg", ".svn", "node_modules"}
+)
+"""Folder names below which nothing a probe created is removed, anywhere: caches and downloads,
+installed packages, version control."""
+CACHE_VARIABLES = (
+    "XDG_CACHE_HOME",
+    "HF_HOME",
+    "HF_DATASETS_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "TORCH_HOME",
+    "TFDS_DATA_DIR",
+    "OPENPI_DATA_HOME",
+    "JAX_COMPILATION_CACHE_DIR",
+)
+"""Variables naming cache and download folders: what a probe's start-up fetched there stays."""
+_records_lock = threading.RLock()
 
 
 @dataclasses.dataclass
 class Leftovers:
-    """What the probes of one fit left in the working folder.
+    """What the probes of one fit left behind, and what was taken away.
+
+    Paths in the working folder are relative to it; those elsewhere are absolute.
 
     Attributes:
-      removed: Paths (relative to the folder) they created that hold no data, removed.
-      kept: Paths they created that hold data, left in place.
-      note: Why nothing was checked (a folder too large), or None.
+      removed: What the probes created (and nothing else wrote into), removed.
+      kept: What appeared with data that jaxfit cannot tell is the probe's alone, left in place.
+      note: Why the working folder was not listed (too large), or None.
     """
 
     removed: list[str] = dataclasses.field(default_factory=list)
@@ -72,9 +115,10 @@ class Leftovers:
             )
         if self.kept:
             parts.append(
-                f"while the probe ran, {', '.join(self.kept[:6])} appeared with data in it and was left in "
-                f"place: the real run may find it (remove it if the probe wrote it, and point the script's "
-                f"outputs elsewhere while probing, e.g. {REDIRECT_HINT})"
+                f"while the probe ran, {', '.join(self.kept[:6])}"
+                + (f" and {len(self.kept) - 6} more" if len(self.kept) > 6 else "")
+                + " appeared with data in it and was left in place: the real run may find it (remove it if the "
+                f"probe wrote it, and point the script's outputs elsewhere while probing, e.g. {REDIRECT_HINT})"
             )
         if self.note:
             parts.append(self.note)
@@ -125,39 +169,216 @@ def tops(paths: set[str]) -> list[str]:
     return out
 
 
+@dataclasses.dataclass(eq=False)
+class _Recording:
+    """One :func:`cleaned` block's record of its probes' writes, and the probes alive now."""
+
+    folder: str
+    root: Path
+    skip: frozenset[str]
+    result: Leftovers
+    live: int = 0
+    named: set[str] = dataclasses.field(default_factory=set)
+
+    def clean(self) -> None:
+        """Take away what the record holds so far, then drop the record (:func:`_clean_recorded`)."""
+        kept = _clean_recorded(self.folder, self.root, self.skip, time.time(), self.result)
+        self.named.update(_shown(p, self.root) for p in kept)
+        for name in os.listdir(self.folder):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.folder, name))
+
+
+_records: list[_Recording] = []
+"""The records of the :func:`cleaned` blocks now open, innermost last."""
+
+
+def probe_environment() -> dict[str, str]:
+    """What a probe started now gets in its environment to record what it creates: the record
+    folder of the innermost :func:`cleaned` block (``{}`` outside one)."""
+    with _records_lock:
+        return {jaxfit_writes.VARIABLE: _records[-1].folder} if _records else {}
+
+
+def probe_started(environment: dict[str, str]) -> _Recording | None:
+    """A probe started with ``environment`` (:func:`probe_environment`) is alive: the record it writes
+    to, for :func:`probe_ended`."""
+    with _records_lock:
+        for recording in _records:
+            if recording.folder == environment.get(jaxfit_writes.VARIABLE):
+                recording.live += 1
+                return recording
+    return None
+
+
+def probe_ended(recording: _Recording | None) -> None:
+    """A probe (its whole session) has ended: when no other probe of its block is alive, what they
+    created is taken away now, so the next probe's start-up finds the folders as the first one did
+    (openpi refuses to start over its own checkpoint folder)."""
+    if recording is None:
+        return
+    with _records_lock:
+        recording.live -= 1
+        if recording.live == 0 and recording in _records:
+            recording.clean()
+
+
+def _shown(path: str, root: Path) -> str:
+    """``path`` as the message gives it: relative to the working folder when inside it."""
+    rel = os.path.relpath(path, root)
+    return path if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def _protected_test(root: Path, exclude: frozenset[str]) -> Callable[[str], bool]:
+    """Whether a path the probe created is left alone, and not said: compiled Python, jaxfit's own
+    folders, caches and downloads (``.cache``, :data:`CACHE_VARIABLES`), environments and version
+    control, ``/dev``, ``/proc``, ``/sys``, ``/run``; in the working folder, what its listing skips."""
+    roots = set(exclude)
+    for variable in CACHE_VARIABLES:
+        value = os.environ.get(variable)
+        if value:
+            roots.add(os.path.realpath(value))
+
+    def protected(path: str) -> bool:
+        if path.endswith((".pyc", ".pyo")) or any(path == r or path.startswith(r + os.sep) for r in roots):
+            return True
+        parts = Path(path).parts
+        if len(parts) > 1 and parts[1] in ("dev", "proc", "sys", "run"):
+            return True
+        if NEVER_REMOVED.intersection(parts):
+            return True
+        rel = os.path.relpath(path, root)
+        if rel.startswith(os.pardir):
+            return False
+        return any(p in SKIP_DIRS or p.endswith(".egg-info") for p in Path(rel).parts)
+
+    return protected
+
+
+def _clean(
+    path: str,
+    created: dict[str, str],
+    ended: float,
+    protected: Callable[[str], bool],
+    removed: list[str],
+    kept: list[str],
+) -> bool:
+    """Take ``path`` away with what the probe alone put in it; whether it is gone.
+
+    A path the probe did not create (a writer the audit hook cannot see, or another process) goes
+    only when it holds no data, else it stays, in ``kept``; a file the probe created stays when it
+    changed after the probes ended (``ended``); a folder goes when nothing in it stays. Links are
+    never followed. In a folder that stays, what went is added to ``removed``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    try:
+        if path not in created:
+            if holds_data(Path(path)):
+                kept.append(path)
+                return False
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            return True
+        if not stat.S_ISDIR(st.st_mode):
+            if st.st_mtime > ended:
+                kept.append(path)
+                return False
+            os.unlink(path)
+            return True
+        with os.scandir(path) as entries:
+            children = sorted(entry.path for entry in entries)
+        gone = []
+        for child in children:
+            if not protected(child) and _clean(child, created, ended, protected, removed, kept):
+                gone.append(child)
+        if len(gone) == len(children):
+            os.rmdir(path)
+            return True
+        removed.extend(child for child in gone if child in created)
+        return False
+    except FileNotFoundError:
+        return True
+    except OSError:
+        kept.append(path)
+        return False
+
+
+def _clean_recorded(record: str, root: Path, exclude: frozenset[str], ended: float, result: Leftovers) -> list[str]:
+    """Take away what the probes' record says they created (:func:`_clean`); what stayed with data,
+    as absolute paths."""
+    protected = _protected_test(root, exclude)
+    created: dict[str, str] = {}
+    for path, kind in jaxfit_writes.created(record).items():
+        real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        if not protected(real):
+            created[real] = kind
+    removed: list[str] = []
+    kept: list[str] = []
+    for top in tops(set(created)):
+        existed = os.path.lexists(top)
+        if _clean(top, created, ended, protected, removed, kept) and existed:
+            removed.append(top)
+    result.removed.extend(_shown(p, root) for p in removed)
+    result.kept.extend(_shown(p, root) for p in kept)
+    return kept
+
+
 @contextlib.contextmanager
 def cleaned(
     root: str | os.PathLike[str] | None, exclude: tuple[str | os.PathLike[str], ...] = ()
 ) -> Iterator[Leftovers]:
-    """List ``root`` before the body (the probes) and remove what appeared by its end (module docstring).
+    """Record what the body's probes create, and list ``root`` around the body; at its end, take
+    away what they left (module docstring).
 
-    ``exclude``: folders jaxfit itself writes to meanwhile (its cache), never listed."""
+    ``exclude``: folders jaxfit itself writes to meanwhile (its cache), never listed nor touched."""
     result = Leftovers()
     folder = Path(root or os.getcwd()).resolve()
     skip = frozenset(str(Path(p).resolve()) for p in exclude)
+    record = _Recording(tempfile.mkdtemp(prefix="jaxfit-writes-"), folder, skip, result)
     before = listing(folder, skip)
     if before is None:
         result.note = f"{folder} is too large to check for what the probe created"
+    with _records_lock:
+        _records.append(record)
     try:
         yield result
     finally:
+        with _records_lock:
+            _records.remove(record)
+        try:
+            record.clean()
+        finally:
+            shutil.rmtree(record.folder, ignore_errors=True)
         if before is not None:
-            after = listing(folder, skip)
-            created = tops((after or set()) - before)
-            for rel in created:
-                path = folder / rel
-                if rel.endswith(".pyc"):
-                    continue
-                try:
-                    if holds_data(path):
-                        result.kept.append(rel)
-                        continue
-                    if path.is_dir():
-                        shutil.rmtree(path)
-                    else:
-                        path.unlink()
-                    result.removed.append(rel)
-                except FileNotFoundError:
-                    continue
-                except OSError:
-                    result.kept.append(rel)
+            _clean_listed(folder, skip, before, record.named, result)
+        result.removed = list(dict.fromkeys(result.removed))
+        result.kept = list(dict.fromkeys(result.kept))
+
+
+def _clean_listed(folder: Path, skip: frozenset[str], before: set[str], named: set[str], result: Leftovers) -> None:
+    """The net for writes no audit event tells of: what appeared in the working folder and holds no
+    data is removed, what holds data is named (unless it already is, or is in what is)."""
+    after = listing(folder, skip)
+    for rel in tops((after or set()) - before):
+        if rel.endswith(".pyc") or any(
+            rel == n or n.startswith(rel + os.sep) or rel.startswith(n + os.sep) for n in named
+        ):
+            continue
+        path = folder / rel
+        try:
+            if holds_data(path):
+                result.kept.append(rel)
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            result.removed.append(rel)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            result.kept.append(rel)
