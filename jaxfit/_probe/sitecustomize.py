@@ -231,6 +231,7 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str) -> None
             "step_found": found,
             "called": dict(_calls),
         }
+        description["manifest"] = __import__("jaxfit_manifest").collect()  # the files it ran (a cached repeat)
         mesh = server_mod.mesh_of(args)
         if mesh:  # the script's own mesh: the batch is split over its devices
             description["mesh"] = mesh
@@ -470,6 +471,8 @@ def _chain_next_sitecustomize() -> None:
 
 
 def _install() -> None:
+    if STEP_NAME:  # the probe notes the working folder's files the script reads (jaxfit_manifest)
+        __import__("jaxfit_manifest").watch_reads()
     patches = {}
     if STEP_NAME or PIN or MEASURE:
         patches["jax"] = _patch_jax
