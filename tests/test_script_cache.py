@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,3 +155,19 @@ def test_a_cached_answer_whose_executable_is_damaged_is_proved_again(tmp_path, r
     again = _fit(run_cli, tmp_path, project, "b")
     assert again["cached"] is False and _starts(tmp_path) == 2 and again["pin"]["path"] == pin["path"]
     assert hashlib.sha256(executable.read_bytes()).hexdigest() == again["pin"]["executable_sha256"]
+
+
+def test_the_hook_does_not_load_an_altered_executable(tmp_path, run_cli, project):
+    """The start-up hook checks the pin's SHA-256 before loading it: an altered program is not run."""
+    fit = _fit(run_cli, tmp_path, project, "a")
+    executable = Path(fit["pin"]["path"]).parent / "executable.bin"
+    data = executable.read_bytes()
+    middle = len(data) // 2  # in the executable's payload: without the check it loads
+    executable.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_PIN")}
+    env.update(fit["env"], JAXFIT_PIN_REPORT=str(tmp_path / "report.json"))
+    command = [sys.executable, "cached_train.py", f"--batch-size={fit['batch_size']}"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["program_pinned"] is False and "SHA-256" in report["reason"], report
