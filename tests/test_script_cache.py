@@ -81,6 +81,7 @@ def test_a_change_that_can_change_the_step_probes_again(tmp_path, run_cli, proje
         (project / "config.json").write_text(json.dumps({"width": 64}))
     first = _fit(run_cli, tmp_path, project, "a", *flags)
     assert first["cached"] is False and _starts(tmp_path) == 1
+    assert _fit(run_cli, tmp_path, project, "same", *flags)["cached"] is True and _starts(tmp_path) == 1
     if change == "source":  # a file the script imported
         model = project / "cached_model.py"
         model.write_text(model.read_text().replace("* 0.1", "* 0.2"))

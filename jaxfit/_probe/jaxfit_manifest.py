@@ -23,6 +23,8 @@ Covered:
 
 Not covered (use ``--no-cache`` after changing them):
 
+- a file the script only tested for (``os.path.exists``: no audit event) before opening it,
+  and files that it reads only at times (a resumed checkpoint);
 - files read from outside the working folder (a dataset or config under ``~/.cache`` or
   ``/data``), and files read by native code (a C++ data loader opens files without Python's
   audit events);

@@ -36,7 +36,8 @@ def device_identity() -> str:
 
 def answer_key(question: Mapping[str, Any], source: Source) -> str | None:
     """The key of ``question`` about ``source`` on this device and these versions (None: the source
-    cannot be identified, as a script, so its answers are not cached)."""
+    cannot be identified). A script's key is only part of its identity: the files its probe ran are
+    checked against the manifest stored with the answer (:func:`cached_answer`)."""
     identity = source.identity()
     if identity is None:
         return None

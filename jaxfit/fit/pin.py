@@ -10,7 +10,8 @@ to the same program (same fingerprint, jax version, ``XLA_FLAGS`` and device), o
 the step and checks it against the budget before any step runs (:mod:`jaxfit._probe.jaxfit_pin`).
 
 A pin is a folder ``<cache>/pins/<id>/`` holding ``pin.json`` (what the hook checks, and the
-proof's numbers) and ``executable.bin``. The id is the answer cache's key of the question when it
+proof's numbers, with the executable's size and SHA-256) and ``executable.bin``; a pin whose
+executable no longer matches them is not used (:meth:`Pin.usable`), nor loaded by the hook. The id is the answer cache's key of the question when it
 has one, so a cached answer finds its pin; pins are disposable: the least recently used beyond
 :data:`MAX_PINS` (or :data:`MAX_TOTAL_BYTES`) are removed, and a schedule copies the pins of its
 runs into its own state folder. Writing a pin never fails a fit: an unwritable or full cache
