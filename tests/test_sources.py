@@ -32,7 +32,7 @@ def test_an_examples_identity_covers_its_config_and_the_example_code():
 
 def test_a_script_source_keeps_its_probe_arguments_when_its_command_changes():
     source = jaxfit.script_source([sys.executable, "train.py"], probe_args=["--ckpt=/tmp/p"])
-    assert isinstance(source, ScriptSource) and source.identity() is None
+    assert isinstance(source, ScriptSource) and source.identity()["command"] == source.command
     changed = source.with_command([sys.executable, "train.py", "--batch-size=32"], 32)
     assert changed.command == (sys.executable, "train.py", "--batch-size=32", "--ckpt=/tmp/p")
     assert changed.run_command == (sys.executable, "train.py", "--batch-size=32") and changed.batch_size == 32

@@ -23,6 +23,7 @@ What happened is written as JSON to ``$JAXFIT_PIN_REPORT`` (``program_pinned``,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -110,6 +111,17 @@ def _mismatch(pin: Dict[str, Any], fingerprint: str) -> Optional[str]:
             "argument; the fit was at batch %s)" % pin.get("batch_size")
         )
     return None
+
+
+def _check_whole(pin: Dict[str, Any], payload: bytes) -> None:
+    """Raise ValueError when the executable is not the one the fit wrote (its size and SHA-256, when
+    the pin records them: older pins do not)."""
+    size = pin.get("executable_bytes")
+    if size is not None and len(payload) != int(size):
+        raise ValueError("it has %d bytes, the fit wrote %s" % (len(payload), size))
+    digest = pin.get("executable_sha256")
+    if digest and hashlib.sha256(payload).hexdigest() != digest:
+        raise ValueError("its SHA-256 differs from the one the fit wrote")
 
 
 class PinnedStep:
@@ -225,6 +237,7 @@ class PinnedStep:
                 folder = os.path.dirname(os.path.abspath(self._pin_path))
                 with open(os.path.join(folder, pin.get("executable", "executable.bin")), "rb") as f:
                     payload = f.read()
+                _check_whole(pin, payload)
                 with server_mod.runtime_typechecks_off():  # it rebuilds the argument pytrees too
                     compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
             except Exception as e:  # a truncated or foreign file: compile as usual, checked

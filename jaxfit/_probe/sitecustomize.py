@@ -210,6 +210,7 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: A
             "called": dict(_calls),
             "called_kinds": dict(_kinds),
         }
+        description["manifest"] = __import__("jaxfit_manifest").collect()  # the files it ran (a cached repeat)
         mesh = server_mod.mesh_of(args)
         if mesh:  # the script's own mesh: the batch is split over its devices
             description["mesh"] = mesh
@@ -464,11 +465,14 @@ def _chain_next_sitecustomize() -> None:
 
 
 def _install() -> None:
-    if os.environ.get("JAXFIT_PROBE_WRITES"):  # a probe: record what the script creates (jaxfit_writes)
+    if STEP_NAME:  # a probe: record what the script creates (jaxfit_writes) and reads (jaxfit_manifest)
         _importable()
+        import jaxfit_manifest
         import jaxfit_writes
 
-        jaxfit_writes.install(os.environ["JAXFIT_PROBE_WRITES"])
+        if os.environ.get(jaxfit_writes.VARIABLE):
+            jaxfit_writes.install(os.environ[jaxfit_writes.VARIABLE])
+        jaxfit_manifest.watch_reads()
     patches = {}
     if STEP_NAME or PIN or MEASURE:
         patches["jax"] = _patch_jax

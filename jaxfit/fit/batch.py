@@ -181,7 +181,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         "grid": [grid.first, grid.last, grid.step],
         "verify": options.verify,
     }
-    key, hit = cached_answer(options, question, source, start)
+    key, hit = cached_answer(options, question, source, start, progress)
     if hit is not None:
         notify(progress, "cached", result=hit)
         return hit
@@ -297,6 +297,6 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         device_count=device_count,
         mesh=mesh,
     )
-    store_answer(options, key, result)
+    store_answer(options, key, result, source=source, manifest=child.manifest)
     notify(progress, "done", result=result)
     return result

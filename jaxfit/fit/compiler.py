@@ -189,6 +189,7 @@ class CompileChild:
         self.python = python
         self.info: DeviceInfo | None = None
         self.workload_info: dict[str, Any] = {}
+        self.manifest: dict[str, Any] | None = None  # what a probed script ran (jaxfit_manifest)
         self._proc: subprocess.Popen[bytes] | None = None
         self._requests: Any = None
         self.jitted_names: list[str] = []
@@ -244,6 +245,9 @@ class CompileChild:
             self._raise_reported(ready, "the compile child failed to start: ")
         self.info = DeviceInfo.from_dict(ready["info"])
         self.workload_info = ready["info"].get("workload", {})
+        description = self.workload_info.get("description")
+        if isinstance(description, dict):  # kept apart: it is the cache's, too large for the result
+            self.manifest = description.pop("manifest", None)
         return self.info
 
     def _raise_reported(self, reply: Mapping[str, Any], internal_prefix: str = "the compile child failed: ") -> None:

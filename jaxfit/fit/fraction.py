@@ -61,7 +61,7 @@ def fit_fraction(
         "device_memory": options.device_memory_bytes,
         "verify": options.verify,
     }
-    key, hit = cached_answer(options, question, source, start)
+    key, hit = cached_answer(options, question, source, start, progress)
     if hit is not None:
         notify(progress, "cached", result=hit)
         return hit
@@ -238,7 +238,7 @@ def fit_fraction(
         device_count=device_count,
         mesh=mesh,
     )
-    store_answer(options, key, result)
+    store_answer(options, key, result, source=source, manifest=child.manifest)
     notify(progress, "done", result=result)
     return result
 

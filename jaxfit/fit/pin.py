@@ -10,7 +10,8 @@ to the same program (same fingerprint, jax version, ``XLA_FLAGS`` and device), o
 the step and checks it against the budget before any step runs (:mod:`jaxfit._probe.jaxfit_pin`).
 
 A pin is a folder ``<cache>/pins/<id>/`` holding ``pin.json`` (what the hook checks, and the
-proof's numbers) and ``executable.bin``. The id is the answer cache's key of the question when it
+proof's numbers, with the executable's size and SHA-256) and ``executable.bin``; a pin whose
+executable no longer matches them is not used (:meth:`Pin.usable`), nor loaded by the hook. The id is the answer cache's key of the question when it
 has one, so a cached answer finds its pin; pins are disposable: the least recently used beyond
 :data:`MAX_PINS` (or :data:`MAX_TOTAL_BYTES`) are removed, and a schedule copies the pins of its
 runs into its own state folder. Writing a pin never fails a fit: an unwritable or full cache
@@ -21,6 +22,7 @@ the reason in one line.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -57,6 +59,7 @@ class Pin:
       budget_bytes: The budget the fit proved it against (the hook's guard uses it too).
       fingerprint: The SHA-256 of the step's StableHLO text.
       executable_bytes: Size of the serialised executable.
+      executable_sha256: Its SHA-256 (empty in pins written before it was recorded).
     """
 
     path: str
@@ -66,18 +69,36 @@ class Pin:
     budget_bytes: int
     fingerprint: str
     executable_bytes: int
+    executable_sha256: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Pin:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
     def usable(self) -> bool:
-        """Whether both files are still there."""
+        """Whether both files are still there and the executable is whole: its size and (when
+        recorded) its SHA-256 as written. A truncated or altered executable would not load, and the
+        training process would compile its own program instead of the proven one."""
         folder = Path(self.path).parent
-        return Path(self.path).is_file() and (folder / EXECUTABLE_FILE).is_file()
+        executable = folder / EXECUTABLE_FILE
+        try:
+            if not Path(self.path).is_file() or executable.stat().st_size != self.executable_bytes:
+                return False
+            return not self.executable_sha256 or file_sha256(executable) == self.executable_sha256
+        except OSError:
+            return False
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def pins_root(use_cache: bool = True) -> Path:
@@ -213,6 +234,12 @@ def _describe(
     if not reply.get("ok"):
         return None, f"not pinned: the program could not be written ({str(reply.get('error'))[:300]})"
     written = MemoryReport.from_dict(reply["memory"])
+    try:
+        size, digest = (folder / EXECUTABLE_FILE).stat().st_size, file_sha256(folder / EXECUTABLE_FILE)
+    except OSError as e:
+        return None, f"not pinned: cannot read the program written: {e.strerror or e}"
+    if size != int(reply["bytes"]):
+        return None, f"not pinned: the program written has {size} bytes of {reply['bytes']}"
     note = None
     if reply.get("recompiled") and written.peak_bytes != proven.peak_bytes:
         if written.peak_bytes > budget_bytes:
@@ -231,7 +258,8 @@ def _describe(
         peak_bytes=written.peak_bytes,
         budget_bytes=budget_bytes,
         fingerprint=str(reply["fingerprint"]),
-        executable_bytes=int(reply["bytes"]),
+        executable_bytes=size,
+        executable_sha256=digest,
     )
     data = {
         "format": FORMAT,
@@ -240,6 +268,8 @@ def _describe(
         "batch_size": batch,
         "fingerprint": pin.fingerprint,
         "executable": EXECUTABLE_FILE,
+        "executable_bytes": size,
+        "executable_sha256": digest,
         "peak_bytes": written.peak_bytes,
         "memory": written.to_dict(),
         "budget_bytes": budget_bytes,

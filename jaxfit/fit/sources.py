@@ -14,7 +14,9 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -145,9 +147,25 @@ class ScriptSource:
     cwd: str = "."
     kind: ClassVar[Literal["script"]] = "script"
 
-    def identity(self) -> None:
-        """None: a script's program cannot be known without running it, so its answers are not cached."""
-        return None
+    def identity(self) -> dict[str, Any]:
+        """What can change the script's step before it runs: the command and the probe's settings,
+        the working folder, the program the command starts (resolved on PATH) and the environment
+        variables that reach XLA, JAX, CUDA and Python (:func:`script_environment`).
+
+        The rest (the files the script imported and read) is only known by running it: the probe
+        records it and a cached answer is reused only when it is unchanged
+        (:mod:`jaxfit._probe.jaxfit_manifest`, which says what is covered and what is not).
+        """
+        program = self.command[0] if self.command else ""
+        if os.sep not in program:
+            program = shutil.which(program) or program
+        return {
+            "kind": self.kind,
+            **dataclasses.asdict(self),
+            "cwd": os.path.realpath(self.cwd),
+            "program": os.path.realpath(os.path.join(self.cwd, program)) if program else "",
+            "env": script_environment(),
+        }
 
     def with_command(self, run_command: list[str] | tuple[str, ...], batch_size: int | None) -> ScriptSource:
         """The same source with another training command (the probe-only arguments kept)."""
@@ -155,6 +173,37 @@ class ScriptSource:
         return dataclasses.replace(
             self, command=tuple(run_command) + extra, run_command=tuple(run_command), batch_size=batch_size
         )
+
+
+SCRIPT_ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "CUDA_", "NVIDIA_", "NCCL_", "TPU_", "LIBTPU", "ROCR_", "HIP_", "PYTHON")
+"""Environment variables that reach the compiled step or what a script imports: in a script's key."""
+SCRIPT_ENV_NAMES = (
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "UV_PROJECT_ENVIRONMENT",
+    "UV_PYTHON",
+)
+NOT_SCRIPT_ENV = (
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "PYTHONUNBUFFERED",
+)
+"""Set by jaxfit for every probe (the fraction is the question's), or logging only."""
+
+
+def script_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``env`` (default this process's) that a script fit's answer depends on:
+    XLA_*, JAX_*, TF_*, CUDA_*, NVIDIA_*, NCCL_*, PYTHON*, the library path and the selected
+    environment; not jaxfit's own (``JAXFIT_*``) nor those jaxfit sets for the probe."""
+    env = os.environ if env is None else env
+    return {
+        k: v
+        for k, v in sorted(env.items())
+        if (k.startswith(SCRIPT_ENV_PREFIXES) or k in SCRIPT_ENV_NAMES) and k not in NOT_SCRIPT_ENV
+    }
 
 
 Source = ExampleSource | EntrySource | ScriptSource
