@@ -32,6 +32,12 @@ def test_cards_and_meshes():
         meshes_for([4], [3])
 
 
+def test_an_fsdp_size_below_one_is_refused_not_divided_by():
+    for sizes in ([0], [2, 0], [-1]):
+        with pytest.raises(ConfigError, match=f"--fsdp {min(sizes)} must be at least 1"):
+            meshes_for([2, 4], sizes)
+
+
 @pytest.mark.slow
 def test_plan_table_cells_are_real_fits(run_cli, tmp_path):
     out = tmp_path / "plan.json"
@@ -81,6 +87,7 @@ def test_a_card_larger_than_this_gpu_is_not_available(run_cli, tmp_path, monkeyp
         (["--card", "L4"], "--card 'L4' must look like NAME=SIZE"),
         (["--no-default-cards"], "no cards to plan for"),
         (["--devices", "4", "--fsdp", "3"], "no --fsdp size of [3] divides 4 devices"),
+        (["--fsdp", "0"], "--fsdp 0 must be at least 1"),
         (["--device-memory", "8GiB"], "--device-memory is set per card by plan"),
         (["--example", "nosuch"], "nosuch"),
     ],

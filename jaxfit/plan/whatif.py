@@ -142,12 +142,16 @@ def meshes_for(device_counts: Sequence[int], fsdp_sizes: Sequence[int] | None) -
     it (default: 1 and the count itself).
 
     Raises:
-      ConfigError: a count below 1, or FSDP sizes none of which divide some count.
+      ConfigError: a count or FSDP size below 1, or FSDP sizes none of which divide some count.
     """
-    out: list[MeshSpec] = []
     for devices in device_counts:
         if devices < 1:
             raise ConfigError(f"--devices {devices} must be at least 1")
+    for fsdp in fsdp_sizes or ():
+        if fsdp < 1:
+            raise ConfigError(f"--fsdp {fsdp} must be at least 1 (1: data parallel, no sharding)")
+    out: list[MeshSpec] = []
+    for devices in device_counts:
         sizes = sorted({1, devices}) if fsdp_sizes is None else [f for f in fsdp_sizes if devices % f == 0]
         if not sizes:
             raise ConfigError(
