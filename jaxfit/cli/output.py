@@ -86,7 +86,7 @@ def run_line(result: FitResult, command: list[str] | None = None, batch_flag: st
     user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch."""
     import shlex
 
-    from jaxfit.run.command import with_batch
+    from jaxfit.fit.command import with_batch
 
     env = result.run_env()
     words = [f"{key}={shlex.quote(value)}" for key, value in env.items() if key != "PYTHONPATH"]

@@ -140,7 +140,7 @@ def _choices(text: str) -> list[str]:
 
 def _check_axes(command: list[str], axes: tuple[str, ...], batch_flag: str, accum_flag: str | None) -> None:
     """Every flag an axis, the batch or the accumulation needs must be one the script takes (its --help)."""
-    from jaxfit.run.launch import check_batch_flag
+    from jaxfit.fit.command import check_batch_flag
     from jaxfit.tune.space import parse_axis
 
     for axis in axes:

@@ -39,13 +39,13 @@ from jaxfit.errors import DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, FitResult, fit_batch
 from jaxfit.fit.answers import device_identity
 from jaxfit.fit.cache import JsonStore, default_cache_path
+from jaxfit.fit.command import with_batch
 from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
 from jaxfit.fit.leftovers import cleaned
 from jaxfit.fit.pin import Pin, hook_environment
 from jaxfit.fit.sources import ExampleSource, ScriptSource
 from jaxfit.run.accumulation import accumulated_command
-from jaxfit.run.command import with_batch
 from jaxfit.tune.peaks import peak_flops
 from jaxfit.tune.space import Setting, micro_batches, upper_bound_samples_per_second
 from jaxfit.versions import jax_version, jaxfit_version
