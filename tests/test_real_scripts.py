@@ -202,6 +202,21 @@ def test_run_with_a_custom_batch_flag_prints_it(tmp_path, run_cli):
     assert "--bs=" in run_with and "--batch-size" not in run_with
 
 
+@pytest.mark.parametrize(
+    "flags,given,expected",
+    [((), (), "--batch-size=8"), (("--batch-flag=--bs",), ("--bs", "4"), "--bs=8")],
+)
+def test_the_inverse_run_line_carries_the_batch_it_was_asked_for(tmp_path, run_cli, flags, given, expected):
+    """The pin is made for batch 8: the printed command must run batch 8, not the script's default or 4."""
+    proc = run_cli(
+        "fit", "--script", "--device-memory", "64MiB", "--batch-size", "8", *flags, "--", sys.executable, SHAPED, *given
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_with = next(line for line in proc.stdout.splitlines() if line.startswith("run with: "))
+    assert "JAXFIT_PIN=" in run_with and run_with.split()[-1] == expected
+    assert " ".join(given or ("--batch-size",)) not in run_with.replace(expected, "")
+
+
 @pytest.mark.parametrize("start", ["spawn", "fork"])
 def test_no_worker_of_the_probed_script_outlives_the_probe(tmp_path, run_cli, monkeypatch, start):
     marker = f"JAXFIT_TEST_MARKER={tmp_path.name}"

@@ -83,7 +83,8 @@ def breakdown_table(result: FitResult) -> Table:
 
 def run_line(result: FitResult, command: list[str] | None = None, batch_flag: str = "--batch-size") -> str:
     """``run with: ENV... COMMAND --batch-size=N``: the environment that runs the proven program in a
-    user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch."""
+    user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch
+    (the answer, or in the inverse mode the batch asked about: the pin was made for it)."""
     import shlex
 
     from jaxfit.fit.command import with_batch
@@ -92,14 +93,11 @@ def run_line(result: FitResult, command: list[str] | None = None, batch_flag: st
     words = [f"{key}={shlex.quote(value)}" for key, value in env.items() if key != "PYTHONPATH"]
     if "PYTHONPATH" in env:
         words.insert(1, f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])}${{PYTHONPATH:+:$PYTHONPATH}}")
-    if command and result.mode == "batch":
+    # Both modes: the answer's batch, or the batch the inverse question was asked (and pinned) for.
+    if command:
         words.append(shlex.join(with_batch(command, batch_flag, result.batch_size)))
-    elif command:
-        words.append(shlex.join(command))
-    elif result.mode == "batch":
-        words.append(f"... {batch_flag}={result.batch_size}")
     else:
-        words.append("...")
+        words.append(f"... {batch_flag}={result.batch_size}")
     return "run with: " + " ".join(words)
 
 
