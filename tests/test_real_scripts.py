@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -223,8 +226,6 @@ def test_no_worker_of_the_probed_script_outlives_the_probe(tmp_path, run_cli, mo
     monkeypatch.setenv("JAXFIT_TEST_MARKER", tmp_path.name)  # every process of the probe inherits it
     proc = run_cli("fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--workers", start)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import time
-
     time.sleep(1)
     live = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _environ(p)]
     assert not live, "the probe left its workers running"
@@ -238,3 +239,40 @@ def _environ(entry: Path) -> str:
         return (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, IndexError):
         return ""
+
+
+@pytest.mark.parametrize("sig,code,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_an_interrupt_during_the_scripts_start_up_leaves_none_of_it_running(tmp_path, monkeypatch, sig, code, said):
+    """Ctrl-C (or SIGTERM) while the probed script still starts: jaxfit stops it and its workers."""
+    marker_env = f"JAXFIT_TEST_MARKER={tmp_path.name}"
+    monkeypatch.setenv("JAXFIT_TEST_MARKER", tmp_path.name)  # every process of the probe inherits it
+    marker = tmp_path / "started"
+    command = [sys.executable, "-m", "jaxfit.cli", "fit", "--script", "--"]
+    command += [sys.executable, str(FIXTURES / "slow_start.py"), f"--marker={marker}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), proc.communicate(timeout=30)[1].decode()[-2000:]
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == code, stderr.decode()[-2000:]
+        assert stderr.decode().strip().splitlines()[-1] == f"jaxfit: {said}" and b"Traceback" not in stderr
+        deadline = time.monotonic() + 3
+        while (live := _live(marker_env)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not live, "the probed script or its worker outlived jaxfit"
+    finally:  # whatever a failure left: ended here, not 2 minutes later
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _live(marker_env):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _live(marker: str) -> list[str]:
+    return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _environ(p)]
