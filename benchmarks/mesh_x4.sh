@@ -23,7 +23,7 @@ set -u
 phase=$1
 out=$2/x4
 mkdir -p "$out"
-B="python3 scripts/bench_mesh.py"
+B="python3 benchmarks/bench_mesh.py"
 M="--config gpt_medium_bf16_remat --fraction 0.25"
 E="--example gpt-medium-bf16-remat --fraction 0.25"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv >"$out/gpus-$phase.csv" 2>&1

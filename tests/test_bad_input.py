@@ -157,3 +157,34 @@ def test_global_batch_uses_the_scripts_own_accumulation_flag(tmp_path, run_cli):
             str(script),
         )
     )
+
+
+def _absl_like(tmp_path):
+    """A script whose flags are absl/ml_collections style: no --batch-size, and --help lists only --config."""
+    script = tmp_path / "absl_like.py"
+    script.write_text(
+        "import sys\nif '--help' in sys.argv: print('flags: --config'); sys.exit(0)\nprint('args', sys.argv[1:])\n"
+    )
+    return str(script)
+
+
+def test_fit_refuses_a_batch_flag_the_script_does_not_take_as_run_does(tmp_path, run_cli):
+    """fit --script printed a `run with:` line carrying a flag the script rejects; run refused it."""
+    mini = str(FIXTURES / "mini_train.py")
+    for command in (
+        ["fit", "--script", "--batch-flag=--bs", "--mem-fraction", "0.3"],
+        ["fit", "--script", "--batch-flag=--bs", "--batch-size", "8"],
+        ["run", "--batch-flag=--bs", "--mem-fraction", "0.3"],
+    ):
+        proc = run_cli(*command, "--", sys.executable, mini)
+        assert "the command's --help does not mention --bs; check the spelling of --bs" in error_line(proc)
+        assert "round" not in proc.stderr and "run with:" not in proc.stdout  # refused before probing
+
+
+def test_fit_refuses_a_script_without_batch_size_unless_given_its_batch_flag(tmp_path, run_cli):
+    absl = _absl_like(tmp_path)
+    for command in (["fit", "--script"], ["run", "--mem-fraction", "0.3"]):
+        proc = run_cli(*command, "--", sys.executable, absl)
+        line = error_line(proc)
+        assert "does not mention --batch-size; pass --batch-flag=<its batch flag>" in line
+        assert "run with:" not in proc.stdout

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.run.command import batch_value, check_command, with_batch
+from jaxfit.fit.command import batch_value, check_command, with_batch
 
 
 @pytest.mark.parametrize(
@@ -54,3 +54,20 @@ def test_check_command():
         check_command(["no-such-program-jaxfit"])
     with pytest.raises(ConfigError, match="is not an executable file"):
         check_command(["/no/such/dir/python"])
+
+
+def test_the_fit_layer_imports_nothing_above_it():
+    """jaxfit/fit is the core: run, tune, schedule, plan and the CLI build on it, never the reverse."""
+    import ast
+    from pathlib import Path
+
+    import jaxfit.fit
+
+    above = ("jaxfit.run", "jaxfit.cli", "jaxfit.tune", "jaxfit.schedule", "jaxfit.plan")
+    found = []
+    for path in Path(jaxfit.fit.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.name}: {n}" for n in names if n.startswith(above)]
+    assert not found

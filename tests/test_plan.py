@@ -9,7 +9,8 @@ from helpers import error_line
 
 from jaxfit.errors import ConfigError
 from jaxfit.fit.mesh import MeshSpec
-from jaxfit.plan.whatif import DEFAULT_CARDS, Card, meshes_for, parse_card
+from jaxfit.fit.sources import example_source
+from jaxfit.plan.whatif import DEFAULT_CARDS, Card, meshes_for, parse_card, what_if
 
 
 def test_cards_and_meshes():
@@ -30,6 +31,25 @@ def test_cards_and_meshes():
             parse_card(bad)
     with pytest.raises(ConfigError, match="no --fsdp size of \\[3\\] divides 4 devices"):
         meshes_for([4], [3])
+
+
+def test_an_fsdp_size_below_one_is_refused_not_divided_by():
+    for sizes in ([0], [2, 0], [-1]):
+        with pytest.raises(ConfigError, match=f"--fsdp {min(sizes)} must be at least 1"):
+            meshes_for([2, 4], sizes)
+
+
+def test_counts_and_sizes_that_leave_no_mesh_are_refused():
+    with pytest.raises(ConfigError, match="--devices names no device count"):
+        meshes_for([], None)
+    with pytest.raises(ConfigError, match="--fsdp names no size"):
+        meshes_for([1, 2], [])
+    with pytest.raises(
+        ConfigError, match=r"no --fsdp size of \[3\] divides 2 devices; add 1 or a divisor of 2 \(1, 2\)"
+    ):
+        meshes_for([2], [3])
+    with pytest.raises(ConfigError, match="no mesh to plan"):
+        what_if(lambda mesh: example_source("mlp-tiny", mesh=mesh), list(DEFAULT_CARDS), [])
 
 
 @pytest.mark.slow
@@ -81,6 +101,10 @@ def test_a_card_larger_than_this_gpu_is_not_available(run_cli, tmp_path, monkeyp
         (["--card", "L4"], "--card 'L4' must look like NAME=SIZE"),
         (["--no-default-cards"], "no cards to plan for"),
         (["--devices", "4", "--fsdp", "3"], "no --fsdp size of [3] divides 4 devices"),
+        (["--fsdp", "0"], "--fsdp 0 must be at least 1"),
+        (["--devices", "2", "--fsdp", "3"], "no --fsdp size of [3] divides 2 devices; add 1 or a divisor of 2 (1, 2)"),
+        (["--devices"], "--devices names no device count; give at least one, e.g. --devices 1 2 4"),
+        (["--fsdp"], "--fsdp names no size"),
         (["--device-memory", "8GiB"], "--device-memory is set per card by plan"),
         (["--example", "nosuch"], "nosuch"),
     ],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -291,14 +292,27 @@ def test_run_with_a_custom_batch_flag_prints_it(tmp_path, run_cli):
     assert "--bs=" in run_with and "--batch-size" not in run_with
 
 
+@pytest.mark.parametrize(
+    "flags,given,expected",
+    [((), (), "--batch-size=8"), (("--batch-flag=--bs",), ("--bs", "4"), "--bs=8")],
+)
+def test_the_inverse_run_line_carries_the_batch_it_was_asked_for(tmp_path, run_cli, flags, given, expected):
+    """The pin is made for batch 8: the printed command must run batch 8, not the script's default or 4."""
+    proc = run_cli(
+        "fit", "--script", "--device-memory", "64MiB", "--batch-size", "8", *flags, "--", sys.executable, SHAPED, *given
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_with = next(line for line in proc.stdout.splitlines() if line.startswith("run with: "))
+    assert "JAXFIT_PIN=" in run_with and run_with.split()[-1] == expected
+    assert " ".join(given or ("--batch-size",)) not in run_with.replace(expected, "")
+
+
 @pytest.mark.parametrize("start", ["spawn", "fork"])
 def test_no_worker_of_the_probed_script_outlives_the_probe(tmp_path, run_cli, monkeypatch, start):
     marker = f"JAXFIT_TEST_MARKER={tmp_path.name}"
     monkeypatch.setenv("JAXFIT_TEST_MARKER", tmp_path.name)  # every process of the probe inherits it
     proc = run_cli("fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--workers", start)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import time
-
     time.sleep(1)
     live = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _environ(p)]
     assert not live, "the probe left its workers running"
@@ -351,3 +365,40 @@ def test_a_second_probe_of_a_fit_finds_the_folders_as_the_first_did(tmp_path, mo
             with CompileChild(source, 0.5, start_timeout=120) as child:
                 assert child.info is not None  # reached the step: no FileExistsError
     assert not (tmp_path / "checkpoints").exists() and left.removed == ["checkpoints"], left
+
+
+@pytest.mark.parametrize("sig,code,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_an_interrupt_during_the_scripts_start_up_leaves_none_of_it_running(tmp_path, monkeypatch, sig, code, said):
+    """Ctrl-C (or SIGTERM) while the probed script still starts: jaxfit stops it and its workers."""
+    marker_env = f"JAXFIT_TEST_MARKER={tmp_path.name}"
+    monkeypatch.setenv("JAXFIT_TEST_MARKER", tmp_path.name)  # every process of the probe inherits it
+    marker = tmp_path / "started"
+    command = [sys.executable, "-m", "jaxfit.cli", "fit", "--script", "--"]
+    command += [sys.executable, str(FIXTURES / "slow_start.py"), f"--marker={marker}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), proc.communicate(timeout=30)[1].decode()[-2000:]
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == code, stderr.decode()[-2000:]
+        assert stderr.decode().strip().splitlines()[-1] == f"jaxfit: {said}" and b"Traceback" not in stderr
+        deadline = time.monotonic() + 3
+        while (live := _live(marker_env)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not live, "the probed script or its worker outlived jaxfit"
+    finally:  # whatever a failure left: ended here, not 2 minutes later
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _live(marker_env):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _live(marker: str) -> list[str]:
+    return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _environ(p)]

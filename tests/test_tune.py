@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO, error_line
@@ -136,3 +137,28 @@ def test_a_budget_too_small_measures_nothing_and_says_so(tmp_path, run_cli):
 )
 def test_tune_bad_input_is_one_line(run_cli, args, message):
     assert message in error_line(run_cli(*args))
+
+
+def test_the_train_with_line_loads_the_pinned_winner_and_claims_no_pin_it_lacks(tmp_path, run_cli):
+    """As fit's run-with line: the start-up hook and JAXFIT_PIN of the winner's proven program."""
+    proc = run_cli(
+        "tune", "--example", "gpt-tiny", "--set", "n_layers=1", "--global-batch", "4", "--remat", "none",
+        "--precision", "float32", "--micro-batches", "1", *TINY, "--json", "t.json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("train with: "))
+    assert "JAXFIT_PIN=" in line and "PYTHONPATH=" in line, line
+    env = _result(tmp_path)["env"]
+    pin = Path(env["JAXFIT_PIN"])
+    assert f"JAXFIT_PIN={pin} " in line and "XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 " in line
+    assert f"PYTHONPATH={env['PYTHONPATH']}${{PYTHONPATH:+:$PYTHONPATH}}" in line
+    assert env["PYTHONPATH"].endswith("_probe") and pin.is_file()
+    assert "JAXFIT_PIN makes the train step load" in proc.stdout
+    from jaxfit.fit.pin import EXECUTABLE_FILE
+    from jaxfit.tune.engine import winner_environment
+
+    summary = json.loads(pin.read_text())["summary"]
+    assert winner_environment(summary, 0.3) == env
+    (pin.parent / EXECUTABLE_FILE).unlink()  # pruned since: the line must not claim it
+    assert winner_environment(summary, 0.3) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}
+    assert winner_environment(None, 0.3) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}

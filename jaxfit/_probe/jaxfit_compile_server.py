@@ -48,7 +48,7 @@ CPU compiles. The CPU compiler ignores both the limit and the autotuning level."
 TUNED_LEVEL = os.environ.get("JAXFIT_AUTOTUNE_LEVEL")
 """Experimental: the ``xla_gpu_autotune_level`` of autotuned compiles (unset: XLA's default, 4, as
 the training run itself uses). Levels 1-3 skip buffer re-initialisation and result checking; the
-benchmark ``scripts/bench_autotune_level.py`` measures whether they change peaks or save time."""
+benchmark ``benchmarks/bench_autotune_level.py`` measures whether they change peaks or save time."""
 
 
 def is_out_of_memory(message: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -160,6 +161,14 @@ def one_line(box: str) -> str:
     return text or " ".join(box.split())
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where jaxfit is, so that it shuts down as cleanly as on Ctrl-C (children stopped)."""
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jaxfit`` console script. Returns the exit code.
 
@@ -176,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     args = join_flag_values(args)
     _REAL_STDERR[:] = [sys.stderr]
     sys.stderr = io.StringIO()
+    try:
+        previous_term = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        previous_term = None
     try:
         code = app.cli(
             prog="jaxfit", args=args, description="jaxfit: ask the XLA compiler what fits, before an OOM does."
@@ -196,8 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         parsed()
         print(f"jaxfit: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         parsed()
+        if isinstance(e, Terminated):
+            print("jaxfit: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print("jaxfit: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `jaxfit ... | head`: the reader left; nothing more to say
@@ -205,4 +221,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         parsed()
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
     return code if isinstance(code, int) else 0

@@ -81,25 +81,30 @@ def breakdown_table(result: FitResult) -> Table:
     return table
 
 
-def run_line(result: FitResult, command: list[str] | None = None, batch_flag: str = "--batch-size") -> str:
-    """``run with: ENV... COMMAND --batch-size=N``: the environment that runs the proven program in a
-    user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch."""
+def env_words(env: Mapping[str, str]) -> list[str]:
+    """``KEY=value`` words for a shell, quoted; a PYTHONPATH is prepended to the user's own."""
     import shlex
 
-    from jaxfit.run.command import with_batch
-
-    env = result.run_env()
     words = [f"{key}={shlex.quote(value)}" for key, value in env.items() if key != "PYTHONPATH"]
     if "PYTHONPATH" in env:
         words.insert(1, f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])}${{PYTHONPATH:+:$PYTHONPATH}}")
-    if command and result.mode == "batch":
+    return words
+
+
+def run_line(result: FitResult, command: list[str] | None = None, batch_flag: str = "--batch-size") -> str:
+    """``run with: ENV... COMMAND --batch-size=N``: the environment that runs the proven program in a
+    user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch
+    (the answer, or in the inverse mode the batch asked about: the pin was made for it)."""
+    import shlex
+
+    from jaxfit.fit.command import with_batch
+
+    words = env_words(result.run_env())
+    # Both modes: the answer's batch, or the batch the inverse question was asked (and pinned) for.
+    if command:
         words.append(shlex.join(with_batch(command, batch_flag, result.batch_size)))
-    elif command:
-        words.append(shlex.join(command))
-    elif result.mode == "batch":
-        words.append(f"... {batch_flag}={result.batch_size}")
     else:
-        words.append("...")
+        words.append(f"... {batch_flag}={result.batch_size}")
     if result.pinned and result.step_name:  # a shell comment: the line still pastes as it is
         words.append(f"  # loads the proven program of {result.step_name!r}")
     return "run with: " + " ".join(words)

@@ -74,7 +74,7 @@ def plan_command(
         raise JaxfitError("no cards to plan for: give --card NAME=SIZE or drop --no-default-cards")
     meshes = [
         MeshSpec(m.devices, m.fsdp, fsdp_min_size).validate()  # what_if lets its cells be mocked
-        for m in meshes_for(devices, list(fsdp) if fsdp else None)
+        for m in meshes_for(devices, list(fsdp) if fsdp is not None else None)
     ]
     options.validate()
     options.grid()

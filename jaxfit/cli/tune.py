@@ -114,11 +114,20 @@ def tune_command(
     if result.command:
         import shlex
 
+        from jaxfit.cli.output import env_words
+
         out.print(
-            f"train with: XLA_PYTHON_CLIENT_MEM_FRACTION={result.mem_fraction:g} {shlex.join(result.command)}",
+            f"train with: {' '.join(env_words(result.env))} {shlex.join(result.command)}",
             highlight=False,
             soft_wrap=True,
             markup=False,
+        )
+        out.print(
+            "(JAXFIT_PIN makes the train step load the program proved for the fastest row)"
+            if result.pinned
+            else "(not pinned: the fastest row's proven program is not stored; the training process compiles its own)",
+            style="dim",
+            highlight=False,
         )
     if png:
         out.print(f"plot: {draw(result, png)}", highlight=False)
@@ -140,7 +149,7 @@ def _choices(text: str) -> list[str]:
 
 def _check_axes(command: list[str], axes: tuple[str, ...], batch_flag: str, accum_flag: str | None) -> None:
     """Every flag an axis, the batch or the accumulation needs must be one the script takes (its --help)."""
-    from jaxfit.run.launch import check_batch_flag
+    from jaxfit.fit.command import check_batch_flag
     from jaxfit.tune.space import parse_axis
 
     for axis in axes:

@@ -90,8 +90,8 @@ def _start_child(
       ConfigError: the planned card is larger than this GPU at that fraction.
     """
     child = CompileChild(source, fraction, cache_path=cache_path, start_timeout=options.start_timeout)
-    info = child.start()
-    try:
+    try:  # start() stops its own child on any error or interrupt; this stops it after
+        info = child.start()
         if info.limit_sensitive and options.device_memory_bytes:
             total = round(int(info.bytes_limit or 0) / fraction)
             child_fraction = fraction * options.device_memory_bytes / total
@@ -109,8 +109,8 @@ def _start_child(
             return child, info, round(int(info.bytes_limit or 0) / fraction), int(info.bytes_limit or 0)
         total = options.device_memory_bytes or info.host_memory_bytes
         return child, info, total, int(fraction * total)
-    except BaseException:
-        child.close()
+    except BaseException as e:
+        child.close(polite=isinstance(e, Exception))
         raise
 
 
@@ -245,6 +245,9 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                 root=pins_root(options.use_cache),
             )
         overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
+    except BaseException as e:
+        child.close(polite=isinstance(e, Exception))  # interrupted: at once
+        raise
     finally:
         child.close()
 

@@ -205,8 +205,9 @@ class CompileChild:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # Interrupted (Ctrl-C, or SIGTERM turned into one): stop it now, not after a polite wait.
+        self.close(polite=exc_type is None or issubclass(exc_type, Exception))
 
     def start(self) -> DeviceInfo:
         """Start the child and wait until it has built the workload (or reached the step)."""
@@ -237,14 +238,18 @@ class CompileChild:
                 self._recording = probe_started(extra)
                 for fd in (reply_w, request_r, log_w):
                     os.close(fd)
-        self._requests = os.fdopen(request_w, "w", buffering=1)
-        threading.Thread(target=self._read_replies, args=(reply_r,), daemon=True).start()
-        threading.Thread(target=self._read_log, args=(log_r,), daemon=True).start()
-        ready = self._receive(self.start_timeout, self._start_doing())
-        if ready.get("op") == "error":
-            self._raise_reported(ready, "the compile child failed to start: ")
-        self.info = DeviceInfo.from_dict(ready["info"])
-        self.workload_info = ready["info"].get("workload", {})
+        try:  # from here on the child (a probed script, its workers) is stopped on any way out
+            self._requests = os.fdopen(request_w, "w", buffering=1)
+            threading.Thread(target=self._read_replies, args=(reply_r,), daemon=True).start()
+            threading.Thread(target=self._read_log, args=(log_r,), daemon=True).start()
+            ready = self._receive(self.start_timeout, self._start_doing())
+            if ready.get("op") == "error":
+                self._raise_reported(ready, "the compile child failed to start: ")
+            self.info = DeviceInfo.from_dict(ready["info"])
+            self.workload_info = ready["info"].get("workload", {})
+        except BaseException:
+            self.close(polite=False)  # still starting: it would not read a quit request
+            raise
         description = self.workload_info.get("description")
         if isinstance(description, dict):  # kept apart: it is the cache's, too large for the result
             self.manifest = description.pop("manifest", None)
@@ -261,13 +266,14 @@ class CompileChild:
             raise error_class(message)
         raise WorkerError(internal_prefix + message)
 
-    def close(self) -> None:
-        """Stop the child (politely, then by force)."""
+    def close(self, polite: bool = True) -> None:
+        """Stop the child and its whole process group: ``polite``, asked to quit first (10 s), else
+        killed at once (interrupted, or still starting)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         try:
-            if proc.poll() is None and self._requests is not None:
+            if polite and proc.poll() is None and self._requests is not None:
                 self._requests.write('{"op": "quit"}\n')
                 self._requests.flush()
             proc.wait(timeout=10)

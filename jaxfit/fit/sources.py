@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from jaxfit.errors import ConfigError, WorkloadError
+from jaxfit.fit.command import DEFAULT_BATCH_FLAG, batch_value, check_command
 from jaxfit.fit.mesh import MeshSpec, shard_workload
 from jaxfit.fit.workload import Workload
 
-DEFAULT_BATCH_FLAG = "--batch-size"
 DEFAULT_ACCUM_FLAG = "--grad-accum-steps"
 
 
@@ -301,8 +301,6 @@ def script_source(
     Raises:
       ConfigError: no command, a program that is not found, a bad step name or flag.
     """
-    from jaxfit.run.command import batch_value, check_command
-
     if step_name is not None and not step_name.isidentifier():
         raise ConfigError(f"--step-name {step_name!r} is not a Python function name")
     for name, flag in (("--batch-flag", batch_flag), ("--accum-flag", accum_flag)):

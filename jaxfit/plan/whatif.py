@@ -11,7 +11,7 @@ from typing import Any, Literal
 from jaxfit.errors import ConfigError, DoesNotFitError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.batch import fit_batch
-from jaxfit.fit.mesh import MeshSpec
+from jaxfit.fit.mesh import MeshSpec, divisors
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.results import FitResult
 from jaxfit.fit.sources import Source
@@ -142,16 +142,30 @@ def meshes_for(device_counts: Sequence[int], fsdp_sizes: Sequence[int] | None) -
     it (default: 1 and the count itself).
 
     Raises:
-      ConfigError: a count below 1, or FSDP sizes none of which divide some count.
+      ConfigError: no count, a count or FSDP size below 1, an empty list of FSDP sizes, or FSDP
+        sizes none of which divide some count.
     """
-    out: list[MeshSpec] = []
+    if not device_counts:
+        raise ConfigError("--devices names no device count; give at least one, e.g. --devices 1 2 4")
     for devices in device_counts:
         if devices < 1:
             raise ConfigError(f"--devices {devices} must be at least 1")
+    if fsdp_sizes is not None:
+        if not fsdp_sizes:
+            raise ConfigError(
+                "--fsdp names no size; give at least one that divides a device count, e.g. --fsdp 1 "
+                f"{max(device_counts)}, or leave --fsdp out for 1 and each count"
+            )
+        for fsdp in fsdp_sizes:
+            if fsdp < 1:
+                raise ConfigError(f"--fsdp {fsdp} must be at least 1 (1: data parallel, no sharding)")
+    out: list[MeshSpec] = []
+    for devices in device_counts:
         sizes = sorted({1, devices}) if fsdp_sizes is None else [f for f in fsdp_sizes if devices % f == 0]
         if not sizes:
             raise ConfigError(
-                f"no --fsdp size of {list(fsdp_sizes or [])} divides {devices} devices; add 1 or a divisor of {devices}"
+                f"no --fsdp size of {list(fsdp_sizes or [])} divides {devices} devices; add 1 or a divisor of "
+                f"{devices} ({', '.join(str(d) for d in divisors(devices))})"
             )
         for fsdp in sizes:
             spec = MeshSpec(devices, fsdp).validate()
@@ -195,8 +209,13 @@ def what_if(
       fit_progress: Passed to every cell's fit (its rounds and compiles, as ``jaxfit fit`` shows them).
 
     Raises:
-      ConfigError: bad options, or a workload that cannot be built (the first cell says so).
+      ConfigError: no card or no mesh, bad options, or a workload that cannot be built (the first
+        cell says so).
     """
+    if not cards:
+        raise ConfigError("no cards to plan for: give --card NAME=SIZE or drop --no-default-cards")
+    if not meshes:
+        raise ConfigError("no mesh to plan: give device counts with --devices and FSDP sizes that divide them")
     start = time.perf_counter()
     fraction = options.resolved_fraction()
     cells: list[Cell] = []

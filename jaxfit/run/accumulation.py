@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
+from jaxfit.fit.command import batch_value, with_batch
 from jaxfit.fit.common import Progress
 from jaxfit.fit.sources import DEFAULT_ACCUM_FLAG, DEFAULT_BATCH_FLAG, ScriptSource
-from jaxfit.run.command import batch_value, with_batch
 
 BATCH_FLAG = DEFAULT_BATCH_FLAG
 """The batch flag: samples per optimizer step (the global batch)."""

@@ -16,14 +16,13 @@ from jaxfit.errors import ConfigError
 from jaxfit.files import write_json
 from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
 from jaxfit.fit.cache import default_cache_path
+from jaxfit.fit.command import batch_value, check_batch_flag, with_batch
 from jaxfit.fit.common import Progress
 from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
 from jaxfit.fit.devices import visible_device_count
 from jaxfit.fit.pin import Pin, hook_environment, read_report
 from jaxfit.fit.sources import ScriptSource
 from jaxfit.run.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
-from jaxfit.run.accumulation import BATCH_FLAG as DEFAULT_BATCH_FLAG
-from jaxfit.run.command import batch_value, with_batch
 from jaxfit.run.tracking import resolve_mode
 from jaxfit.versions import jaxfit_version
 
@@ -127,39 +126,6 @@ def run_settings(
             ],
         )
     return settings
-
-
-def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix: str | None = None) -> None:
-    """Fail early when the command would not accept ``flag`` (a script whose flag differs).
-
-    A flag already on the command line is accepted by definition; otherwise the command's
-    ``--help`` must mention it (scripts whose flags ``--help`` does not list, such as absl's
-    ``--config.batch_size``, pass by carrying the flag).
-
-    Raises:
-      ConfigError: the flag is absent from the help text.
-    """
-    if batch_value(command, flag) is not None:
-        return
-    env = dict(os.environ, WANDB_MODE="disabled")
-    try:
-        proc = subprocess.run(
-            [*command, "--help"], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        raise ConfigError(
-            f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
-            f"check that it takes {flag}; put {flag}=N in the command"
-        ) from None
-    if flag not in proc.stdout + proc.stderr:
-        if fix is None and flag == DEFAULT_BATCH_FLAG:
-            fix = f"pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs), or put {flag}=N in the command"
-        elif fix is None:
-            fix = (
-                f"check the spelling of {flag}, or, if the script takes it without listing it in --help (absl "
-                f"config flags), put {flag}=N in the command"
-            )
-        raise ConfigError(f"the command's --help does not mention {flag}; {fix}")
 
 
 def plan_run(

@@ -270,7 +270,7 @@ def check_commands(queue: Queue) -> None:
     Raises:
       ConfigError: naming the experiment and the program.
     """
-    from jaxfit.run.command import check_command
+    from jaxfit.fit.command import check_command
 
     for experiment in queue.experiments:
         try:

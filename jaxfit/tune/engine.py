@@ -39,13 +39,13 @@ from jaxfit.errors import DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, FitResult, fit_batch
 from jaxfit.fit.answers import device_identity
 from jaxfit.fit.cache import JsonStore, default_cache_path
+from jaxfit.fit.command import with_batch
 from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
 from jaxfit.fit.leftovers import cleaned
-from jaxfit.fit.pin import Pin, hook_environment
+from jaxfit.fit.pin import Pin, hook_environment, run_environment
 from jaxfit.fit.sources import ExampleSource, ScriptSource
 from jaxfit.run.accumulation import accumulated_command
-from jaxfit.run.command import with_batch
 from jaxfit.tune.peaks import peak_flops
 from jaxfit.tune.space import Setting, micro_batches, upper_bound_samples_per_second
 from jaxfit.versions import jax_version, jaxfit_version
@@ -147,6 +147,14 @@ class TuneResult:
     command: list[str] | None
     breakdown: list[dict[str, Any]]
     message: str
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The environment that trains the best row in a user's own shell: the fraction and, when its
+    proven program is still stored, the start-up hook and the pin (:func:`winner_environment`)."""
+
+    @property
+    def pinned(self) -> bool:
+        """Whether :attr:`env` loads the best row's proven program."""
+        return "JAXFIT_PIN" in self.env
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -161,6 +169,7 @@ class TuneResult:
             "command": self.command,
             "breakdown": self.breakdown,
             "message": self.message,
+            "env": self.env,
             "jaxfit_version": jaxfit_version(),
         }
 
@@ -555,7 +564,16 @@ def tune(
         command=command,
         breakdown=best_fit.breakdown if best_fit else [],
         message=message,
+        env=winner_environment(best_fit.pin if best_fit else None, fraction) if command else {},
     )
+
+
+def winner_environment(pin: Mapping[str, Any] | None, mem_fraction: float) -> dict[str, str]:
+    """What trains the winner as it was proved, in a user's own shell (as ``fit``'s run-with line):
+    the fraction, and the start-up hook and ``JAXFIT_PIN`` only when its pin is still stored (not
+    written, or pruned since: the fraction alone, claiming no pin)."""
+    stored = Pin.from_dict(pin) if pin else None
+    return run_environment(stored if stored is not None and stored.usable() else None, mem_fraction)
 
 
 def _measurements(options: FitOptions) -> JsonStore | None:

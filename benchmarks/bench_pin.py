@@ -2,7 +2,7 @@
 """Benchmark pinning on a real GPU: does the training process run the program jaxfit proved?
 
 For each workload, at a fraction where jaxfit's answer sits at its boundary (the budgets of
-``scripts/bench_fit.py`` on an H100, where the answer's neighbour runs out of memory):
+``benchmarks/bench_fit.py`` on an H100, where the answer's neighbour runs out of memory):
 
 1. ``jaxfit fit`` (cold cache) gives the answer B, its proven peak, and the pin;
 2. ``--trials`` fresh processes train B for 3 steps **with** the pin: jaxfit's start-up hook on
@@ -18,8 +18,8 @@ of its first step. ``scripts/train.py gpt_small`` is measured the same way throu
 
 Usage (on the GPU machine)::
 
-    python scripts/bench_pin.py run --out $OUT/pin [--only gpt-small-fp32 ...] [--trials 3]
-    python scripts/bench_pin.py table benchmarks/results/h100/pin/raw.jsonl
+    python benchmarks/bench_pin.py run --out $OUT/pin [--only gpt-small-fp32 ...] [--trials 3]
+    python benchmarks/bench_pin.py table benchmarks/results/h100/pin/raw.jsonl
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ many GPUs as the mesh needs). Every cell is compared.
 
 Usage (on the GPU machine)::
 
-    python scripts/bench_mesh.py answers --out $OUT/mesh --config gpt_medium_bf16_remat --fraction 0.25
-    python scripts/bench_mesh.py whatif --out $OUT/mesh --example gpt-medium-bf16-remat --fraction 0.25
-    python scripts/bench_mesh.py table benchmarks/results/h100x2/mesh [more folders]
+    python benchmarks/bench_mesh.py answers --out $OUT/mesh --config gpt_medium_bf16_remat --fraction 0.25
+    python benchmarks/bench_mesh.py whatif --out $OUT/mesh --example gpt-medium-bf16-remat --fraction 0.25
+    python benchmarks/bench_mesh.py table benchmarks/results/h100x2/mesh [more folders]
 
 Every record goes to ``raw.jsonl`` in ``--out`` as soon as it is made.
 """

@@ -18,7 +18,7 @@ results in memory):
 
 Usage (GPU machine)::
 
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 python scripts/bench_compile_modes.py --example gpt-small --batch 12 --out r.jsonl
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 python benchmarks/bench_compile_modes.py --example gpt-small --batch 12 --out r.jsonl
 """
 
 from __future__ import annotations

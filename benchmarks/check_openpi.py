@@ -4,7 +4,7 @@
 openpi is not part of this project: bring its checkout and its own environment (its pinned jax,
 flax, jaxtyping, torch...; on a CPU machine see docs/openpi.md), then::
 
-    python scripts/check_openpi.py --openpi ~/openpi --python ~/openpi/.venv/bin/python --out check/
+    python benchmarks/check_openpi.py --openpi ~/openpi --python ~/openpi/.venv/bin/python --out check/
 
 Each check runs the ``jaxfit`` of this environment on openpi's ``scripts/train.py debug`` config,
 with the documented commands only (no workaround flags: data-loader workers on, openpi's run-time

@@ -2,7 +2,7 @@
 # GPU check of `jaxfit run` (issue 3): fit scripts/train.py's gpt_small config by probing at
 # fraction 0.3, train 20 steps at the fitted batch, and compare the run's measured peak with the
 # prediction; then run the next batch up, which the fit says does not fit.
-# Usage (on the GPU machine, from the repo root): OUT=/some/dir bash scripts/gpu_check_run.sh
+# Usage (on the GPU machine, from the repo root): OUT=/some/dir bash benchmarks/gpu_check_run.sh
 set -u
 OUT=${OUT:-/tmp/jaxfit-gpu-check}
 mkdir -p "$OUT"

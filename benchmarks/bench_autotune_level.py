@@ -5,7 +5,7 @@
 training run itself will), and those compiles are most of its wall time. This runs the same fit
 (cold cache each time) with ``JAXFIT_AUTOTUNE_LEVEL`` unset, 2 and 1, and records the answer, the
 wall time and every candidate's peak, so the peaks at the batches compiled under more than one level
-can be compared. Usage (GPU machine): ``python scripts/bench_autotune_level.py --out DIR``.
+can be compared. Usage (GPU machine): ``python benchmarks/bench_autotune_level.py --out DIR``.
 """
 
 from __future__ import annotations

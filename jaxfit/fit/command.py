@@ -1,12 +1,21 @@
-"""Command lines of training scripts: find, set and check the batch flag, without a shell."""
+"""Command lines of training scripts: find, set and check the batch flag, without a shell.
+
+Part of the fit layer (``jaxfit fit --script`` checks the flag as ``jaxfit run``, ``tune`` and
+``schedule`` do); it imports nothing above :mod:`jaxfit.errors`.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import subprocess
 from collections.abc import Sequence
 
 from jaxfit.errors import ConfigError
+
+DEFAULT_BATCH_FLAG = "--batch-size"
+"""The batch flag of openpi-style scripts and scripts/train.py."""
 
 
 def check_command(command: Sequence[str]) -> list[str]:
@@ -65,3 +74,36 @@ def with_batch(command: Sequence[str], flag: str, batch_size: int) -> list[str]:
     if not replaced:
         out.append(f"{flag}={batch_size}")
     return out
+
+
+def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix: str | None = None) -> None:
+    """Fail early when the command would not accept ``flag`` (a script whose flag differs).
+
+    A flag already on the command line is accepted by definition; otherwise the command's
+    ``--help`` must mention it (scripts whose flags ``--help`` does not list, such as absl's
+    ``--config.batch_size``, pass by carrying the flag).
+
+    Raises:
+      ConfigError: the flag is absent from the help text.
+    """
+    if batch_value(command, flag) is not None:
+        return
+    env = dict(os.environ, WANDB_MODE="disabled")
+    try:
+        proc = subprocess.run(
+            [*command, "--help"], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise ConfigError(
+            f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
+            f"check that it takes {flag}; put {flag}=N in the command"
+        ) from None
+    if flag not in proc.stdout + proc.stderr:
+        if fix is None and flag == DEFAULT_BATCH_FLAG:
+            fix = f"pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs), or put {flag}=N in the command"
+        elif fix is None:
+            fix = (
+                f"check the spelling of {flag}, or, if the script takes it without listing it in --help (absl "
+                f"config flags), put {flag}=N in the command"
+            )
+        raise ConfigError(f"the command's --help does not mention {flag}; {fix}")

@@ -7,10 +7,10 @@ under a given fraction with a global batch, both given, both ``auto`` (an equal 
 
 Steps (on the GPU machine, from the repo root)::
 
-    python scripts/bench_schedule.py plan --out DIR        # jaxfit schedule --dry-run (the fits)
-    python scripts/bench_schedule.py packed --out DIR      # jaxfit schedule: the runs side by side
-    python scripts/bench_schedule.py sequential --out DIR  # the same commands, fractions, batches, one at a time
-    python scripts/bench_schedule.py table DIR             # the results table (markdown)
+    python benchmarks/bench_schedule.py plan --out DIR        # jaxfit schedule --dry-run (the fits)
+    python benchmarks/bench_schedule.py packed --out DIR      # jaxfit schedule: the runs side by side
+    python benchmarks/bench_schedule.py sequential --out DIR  # the same commands, fractions, batches, one at a time
+    python benchmarks/bench_schedule.py table DIR             # the results table (markdown)
 
 ``packed`` runs the plan that ``plan`` wrote (``jaxfit schedule --plan DIR/plan.json``), so the
 fits (minutes: each probes ``scripts/train.py``) are not repeated; without one it plans itself. Makespan is first start to last end of the

@@ -14,8 +14,8 @@ For each workload, at a fixed memory fraction:
 
 Usage (on the GPU machine)::
 
-    python scripts/bench_fit.py run --out benchmarks/results/h200 [--only gpt-small-fp32 ...]
-    python scripts/bench_fit.py table benchmarks/results/h200/*/raw.jsonl
+    python benchmarks/bench_fit.py run --out benchmarks/results/h200 [--only gpt-small-fp32 ...]
+    python benchmarks/bench_fit.py table benchmarks/results/h200/*/raw.jsonl
 
 ``trial`` is the internal per-trial entry point.
 """

@@ -10,9 +10,9 @@ tune's own runs.
 
 Usage (on the GPU machine)::
 
-    python scripts/bench_tune.py run --out $OUT/tune --example gpt-small --global-batch 64 \\
+    python benchmarks/bench_tune.py run --out $OUT/tune --example gpt-small --global-batch 64 \\
         --fraction 0.0706 --remat none,full --precision bfloat16
-    python scripts/bench_tune.py table benchmarks/results/h100/tune/raw.jsonl
+    python benchmarks/bench_tune.py table benchmarks/results/h100/tune/raw.jsonl
 """
 
 from __future__ import annotations
