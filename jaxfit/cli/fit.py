@@ -85,10 +85,6 @@ def fit_command(
     options.validate()
     if batch_size is None:
         options.grid()
-    if isinstance(source, ScriptSource):  # as jaxfit run does: the answer's command must be one the script takes
-        from jaxfit.fit.command import check_batch_flag
-
-        check_batch_flag(list(source.run_command), source.batch_flag)
     out, progress = consoles(quiet)
     if batch_size is None:
         result = fit_batch(source, options, progress=progress)

@@ -83,22 +83,22 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
     ``--help`` must mention it (scripts whose flags ``--help`` does not list, such as absl's
     ``--config.batch_size``, pass by carrying the flag).
 
+    The help text is asked for once per command in a process (a script's start-up can take
+    seconds); a fit asks only before it probes, so an answer from the cache starts nothing.
+
     Raises:
       ConfigError: the flag is absent from the help text.
     """
     if batch_value(command, flag) is not None:
         return
-    env = dict(os.environ, WANDB_MODE="disabled")
     try:
-        proc = subprocess.run(
-            [*command, "--help"], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
-        )
+        text = _help_text(tuple(command), timeout)
     except subprocess.TimeoutExpired:
         raise ConfigError(
             f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
             f"check that it takes {flag}; put {flag}=N in the command"
         ) from None
-    if flag not in proc.stdout + proc.stderr:
+    if flag not in text:
         if fix is None and flag == DEFAULT_BATCH_FLAG:
             fix = f"pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs), or put {flag}=N in the command"
         elif fix is None:
@@ -107,3 +107,21 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
                 f"config flags), put {flag}=N in the command"
             )
         raise ConfigError(f"the command's --help does not mention {flag}; {fix}")
+
+
+_HELP_TEXTS: dict[tuple[str, ...], str] = {}
+
+
+def _help_text(command: tuple[str, ...], timeout: float) -> str:
+    """What ``command --help`` prints (stdout and stderr), asked for once per command.
+
+    Raises:
+      subprocess.TimeoutExpired: it did not finish in ``timeout`` seconds.
+    """
+    if command not in _HELP_TEXTS:
+        env = dict(os.environ, WANDB_MODE="disabled")
+        proc = subprocess.run(
+            [*command, "--help"], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+        )
+        _HELP_TEXTS[command] = proc.stdout + proc.stderr
+    return _HELP_TEXTS[command]

@@ -21,6 +21,7 @@ from typing import Any
 
 from jaxfit import errors
 from jaxfit.errors import WorkerError
+from jaxfit.fit.command import check_batch_flag
 from jaxfit.fit.leftovers import probe_ended, probe_environment, probe_started
 from jaxfit.fit.memory import MemoryReport
 from jaxfit.fit.sources import ScriptSource, Source, to_json
@@ -211,6 +212,8 @@ class CompileChild:
 
     def start(self) -> DeviceInfo:
         """Start the child and wait until it has built the workload (or reached the step)."""
+        if isinstance(self.source, ScriptSource):  # the answer's command must be one the script takes
+            check_batch_flag(list(self.source.run_command), self.source.batch_flag)
         argv, extra, cwd = launch_for(self.source, self.python)
         reply_r, reply_w = os.pipe()
         request_r, request_w = os.pipe()

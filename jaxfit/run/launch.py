@@ -155,7 +155,8 @@ def plan_run(
       ConfigError: a batch that does not divide by the device count, and every fit error.
     """
     command = list(source.run_command)
-    check_batch_flag(command, source.batch_flag)
+    if batch_size is not None and fraction_given:  # nothing is fitted (a fit's probe checks it before it starts)
+        check_batch_flag(command, source.batch_flag)
     if global_batch is not None:
         return _plan_accumulated(source, options, command, global_batch, batch_size, fraction_given, progress)
     fit: FitResult | None = None
