@@ -248,9 +248,9 @@ def describe_arguments(
     return out
 
 
-def argument_names(fun: Any, count: int) -> "list[str]":
-    """The names of the first ``count`` positional parameters ``fun`` takes when called (those a
-    ``functools.partial`` binds are skipped)."""
+def positional_parameters(fun: Any) -> "list[str]":
+    """The names of the positional parameters ``fun`` takes when called (those a
+    ``functools.partial`` binds are skipped; wrappers are looked through)."""
     import functools
     import inspect
 
@@ -271,7 +271,13 @@ def argument_names(fun: Any, count: int) -> "list[str]":
         ]
     except (TypeError, ValueError):
         params = []
-    names = params[bound : bound + count]
+    return params[bound:]
+
+
+def argument_names(fun: Any, count: int) -> "list[str]":
+    """The names of the first ``count`` positional parameters ``fun`` takes when called, ``argN``
+    where they are not known."""
+    names = positional_parameters(fun)[:count]
     return names + ["arg%d" % i for i in range(len(names), count)]
 
 

@@ -156,12 +156,7 @@ class PinnedStep:
             _REPORT["step_name"] = self._pin.get("step_name") or _REPORT["step_name"]
         except (OSError, ValueError) as e:
             self._pin, self._pin_error = None, "cannot read the pin %s: %s" % (pin_path, e)
-        try:
-            import functools
-
-            functools.update_wrapper(self, jitted, updated=())
-        except (AttributeError, TypeError):
-            pass
+        _stand_in(self, jitted)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)
@@ -316,6 +311,16 @@ class PinnedStep:
         )
 
 
+def _stand_in(wrapper: Any, jitted: Any) -> None:
+    """Make ``wrapper`` look like the jitted function it stands in for (name, docs, ``__wrapped__``)."""
+    try:
+        import functools
+
+        functools.update_wrapper(wrapper, jitted, updated=())
+    except (AttributeError, TypeError):
+        pass
+
+
 def _steps() -> Any:
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
@@ -360,12 +365,7 @@ class OtherFunction:
         self._owner = owner  # () -> whether this process is the one the hook acts in
         self._donated = _steps().donated_positions(fun, jit_kwargs)
         self._watched = 0
-        try:
-            import functools
-
-            functools.update_wrapper(self, jitted, updated=())
-        except (AttributeError, TypeError):
-            pass
+        _stand_in(self, jitted)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)

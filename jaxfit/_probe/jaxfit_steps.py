@@ -20,8 +20,6 @@ Standard library + jax only, Python 3.9+: it runs in the script's own environmen
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 from typing import Any, Dict, Optional, Tuple
 
@@ -65,18 +63,13 @@ def find_batch_arg(args: tuple, batch_size: Optional[int]) -> "Tuple[int, int]":
     )
 
 
-def _unwrapped(fun: Any) -> "Tuple[Any, int]":
-    """``(function, positional arguments bound by functools.partial on the way)``."""
-    bound = 0
-    for _ in range(16):
-        if isinstance(fun, functools.partial):
-            bound += len(fun.args)
-            fun = fun.func
-        elif hasattr(fun, "__wrapped__"):
-            fun = fun.__wrapped__
-        else:
-            break
-    return fun, bound
+def _server() -> Any:
+    """:mod:`jaxfit_compile_server`: on sys.path in the script's process, a package in jaxfit's."""
+    try:
+        import jaxfit_compile_server as server_mod
+    except ImportError:
+        from jaxfit._probe import jaxfit_compile_server as server_mod
+    return server_mod
 
 
 def donated_positions(fun: Any, jit_kwargs: "Dict[str, Any]") -> "Tuple[int, ...]":
@@ -90,15 +83,7 @@ def donated_positions(fun: Any, jit_kwargs: "Dict[str, Any]") -> "Tuple[int, ...
     names = jit_kwargs.get("donate_argnames")
     if names is not None:
         names = (names,) if isinstance(names, str) else tuple(names)
-        function, bound = _unwrapped(fun)
-        try:
-            params = [
-                p.name
-                for p in inspect.signature(function).parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-            ][bound:]
-        except (TypeError, ValueError):
-            params = []
+        params = _server().positional_parameters(fun)
         positions.update(i for i, name in enumerate(params) if name in names)
     return tuple(sorted(positions))
 
@@ -237,13 +222,8 @@ def classify(jitted: Any, args: tuple, kwargs: "Dict[str, Any]", donated: "Tuple
         return Kind(False, False, batch, None, donated, False, "it takes a batch and nothing else (a data transform)")
     import jax
 
-    try:  # in the script's process, this folder is on sys.path; in jaxfit's, it is a package
-        from jaxfit_compile_server import runtime_typechecks_off
-    except ImportError:
-        from jaxfit._probe.jaxfit_compile_server import runtime_typechecks_off
-
     try:
-        with runtime_typechecks_off():
+        with _server().runtime_typechecks_off():
             out = jax.eval_shape(jitted, *args, **kwargs)
     except Exception as e:
         state = [i for i in others if i in donated]
