@@ -145,6 +145,16 @@ PATCHES = [
         "step is partitioned as openpi intends",
     ),
     Patch(
+        "nnx-flat-state-paths",
+        "src/openpi/shared/nnx_utils.py",
+        "    filtered_keys = set(state.filter(filter).flat_state())\n",
+        "    flat = state.filter(filter).flat_state()\n"
+        '    filtered_keys = set(getattr(flat, "paths", flat))  # jaxfit patch: flax 0.12 FlatState is (path, leaf) pairs\n',
+        "flax 0.12's State.flat_state() is a sequence of (path, leaf) pairs, not flax 0.10's dict of paths "
+        "(TypeError: unhashable type: 'Param' in every config with a freeze filter, i.e. LoRA); the same set of "
+        "paths is read, so exactly the params openpi freezes are cast to bfloat16, as openpi intends",
+    ),
+    Patch(
         "orbax-step-metadata",
         "src/openpi/models/model.py",
         '        item = {"params": metadata["params"]}\n',
