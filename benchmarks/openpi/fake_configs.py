@@ -107,7 +107,33 @@ def _count(tree: Any) -> tuple[int, int]:
     return sum(math.prod(x.shape) for x in leaves), sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves)
 
 
-def abstract_sizes(name: str, train: ModuleType) -> dict[str, Any]:
+def trace_step(config: Any, train: ModuleType, state: Any, batch_size: int = 1) -> dict[str, Any]:
+    """Trace openpi's own train_step (jax.eval_shape: nothing compiled or allocated) with run-time type checks on.
+
+    The abstract batch is the model's ``inputs_spec``, which is what openpi's FakeDataset draws from.
+    The step must return a state of the same structure, shapes and dtypes as the one it was given.
+    """
+    import functools
+
+    import jax
+
+    start = time.time()
+    batch = config.model.inputs_spec(batch_size=batch_size)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    new_state, info = jax.eval_shape(functools.partial(train.train_step, config), rng, state, batch)
+    same = jax.tree.structure(new_state) == jax.tree.structure(state) and all(
+        a.shape == b.shape and a.dtype == b.dtype for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(state))
+    )
+    if not same:
+        raise SystemExit(f"fake_configs: error: {config.name}: train_step's new state differs from its input state")
+    return {
+        "step_traced_batch": batch_size,
+        "step_info": sorted(info),
+        "step_trace_seconds": round(time.time() - start, 1),
+    }
+
+
+def abstract_sizes(name: str, train: ModuleType, *, step: bool = False) -> dict[str, Any]:
     """Parameter and optimizer-state counts from openpi's own init_train_state, traced only.
 
     ``init_train_state(..., resume=True)`` returns right after ``jax.eval_shape(init, rng)``, before any
@@ -130,7 +156,7 @@ def abstract_sizes(name: str, train: ModuleType) -> dict[str, Any]:
         "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): f"{leaf.shape}@{leaf.dtype}"
         for path, leaf in jax.tree_util.tree_flatten_with_path((observation, actions))[0]
     }
-    return {
+    row = {
         "config": name,
         "model": type(config.model).__name__,
         "batch_size": config.batch_size,
@@ -148,25 +174,34 @@ def abstract_sizes(name: str, train: ModuleType) -> dict[str, Any]:
         "inputs_per_sample": inputs,
         "seconds": round(time.time() - start, 1),
     }
+    if step:
+        row.update(trace_step(config, train, state))
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Abstract sizes of openpi's configs on fake data, random init.")
-    parser.add_argument("configs", nargs="*", default=list(CONFIGS), help=f"config names (default: {' '.join(CONFIGS)})")
+    parser.add_argument(
+        "configs", nargs="*", default=list(CONFIGS), help=f"config names (default: {' '.join(CONFIGS)})"
+    )
     parser.add_argument("--json", type=Path, help="write the rows here as a JSON list")
+    parser.add_argument(
+        "--step", action="store_true", help="also trace openpi's train_step at batch 1 (eval_shape, type checks on)"
+    )
     args = parser.parse_args()
     root = add_paths()
     register()
     train = load_train_script(root)
     rows = []
     for name in args.configs:
-        row = abstract_sizes(name, train)
+        row = abstract_sizes(name, train, step=args.step)
         rows.append(row)
         print(
             f"{name}: {row['params']:,} params ({row['params_bytes'] / 2**30:.2f} GiB), "
             f"{row['trainable_params']:,} trainable, optimizer state {row['opt_state_elements']:,} elements "
             f"({row['opt_state_bytes'] / 2**30:.2f} GiB), EMA {row['ema_params']:,} "
-            f"[{row['data']}, {row['weight_loader']}; {row['seconds']} s]",
+            f"[{row['data']}, {row['weight_loader']}; {row['seconds']} s]"
+            + (f"; train_step traced at batch 1 ({row['step_trace_seconds']} s)" if args.step else ""),
             flush=True,
         )
     if args.json:

@@ -49,8 +49,12 @@ _HOOK_NEW = (
 #    rebuilt fields hold ShapeDtypeStructs, shardings or sentinels, not arrays). With jaxtyping 0.3
 #    the hook it used for that is gone and jax 0.11 rebuilds pytrees from jax._src.flattree too, so
 #    the same rule is applied by wrapping the checked __init__ of the classes openpi decorates.
-_SKIP_OLD = '        frame.frame.f_globals.get("__name__") in {"jax._src.tree_util", "flax.nnx.transforms.compilation"}\n'
-_SKIP_NEW = '        frame.frame.f_globals.get("__name__") in _PYTREE_REBUILD_MODULES  # jaxfit patch: + jax._src.flattree\n'
+_SKIP_OLD = (
+    '        frame.frame.f_globals.get("__name__") in {"jax._src.tree_util", "flax.nnx.transforms.compilation"}\n'
+)
+_SKIP_NEW = (
+    '        frame.frame.f_globals.get("__name__") in _PYTREE_REBUILD_MODULES  # jaxfit patch: + jax._src.flattree\n'
+)
 
 _TYPECHECK_OLD = """def typecheck(t: T) -> T:
     return cast(T, ft.partial(jaxtyped, typechecker=beartype.beartype)(t))
@@ -170,7 +174,9 @@ def apply(src: Path, dest: Path) -> list[dict[str, str]]:
         sys.exit(f"patch_openpi: error: {src} is not an openpi checkout (no scripts/train.py, src/openpi)")
     if dest.exists():
         if not (dest / MARKER).is_file():
-            sys.exit(f"patch_openpi: error: {dest} exists and is not a patched copy (no {MARKER}); refusing to replace it")
+            sys.exit(
+                f"patch_openpi: error: {dest} exists and is not a patched copy (no {MARKER}); refusing to replace it"
+            )
         shutil.rmtree(dest)
     tmp = dest.with_name(dest.name + ".partial")
     if tmp.exists():

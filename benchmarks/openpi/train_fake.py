@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fake_configs  # noqa: E402
+import fake_configs
 
 
 def main() -> None:
