@@ -52,13 +52,16 @@ import jaxfit.cli  # noqa: F401  (jaxfit from the repository)
 EOF
 JAX_PLATFORMS=cpu timeout 240 python3 benchmarks/openpi/fake_configs.py "$CONFIG" || exit 6
 
+# The script runs in a scratch folder: what its start-up writes in the working folder lands there.
+WORK=${WORK:-/tmp/openpi-work}
+mkdir -p "$WORK" && cd "$WORK" || exit 2
 LEFT=$((BUDGET_S - ($(date +%s) - START)))
 echo "== jaxfit fit --script ($CONFIG, card $CARD, fraction $FRACTION; ${LEFT} s left)"
 # shellcheck disable=SC2086  # JAXFIT_ARGS is split on purpose
 timeout --signal=TERM --kill-after=20 "$LEFT" \
   python3 -m jaxfit.cli fit --script --mem-fraction "$FRACTION" --device-memory "$CARD" --json "$OUT/$TAG.json" \
   --probe-timeout "$LEFT" ${JAXFIT_ARGS:-} \
-  -- python3 benchmarks/openpi/train_fake.py "$CONFIG" --exp-name=fit --checkpoint-base-dir="${CKPT_DIR:-/tmp/openpi-ckpt}" \
+  -- python3 "$REPO/benchmarks/openpi/train_fake.py" "$CONFIG" --exp-name=fit --checkpoint-base-dir="${CKPT_DIR:-/tmp/openpi-ckpt}" \
   --no-wandb-enabled "$@"
 RC=$?
 [ "$RC" -eq 124 ] && echo "gpu_fit: stopped by timeout after ${LEFT} s (BUDGET_S=$BUDGET_S)"

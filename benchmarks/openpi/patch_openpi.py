@@ -169,7 +169,7 @@ PATCHES = [
 ]
 
 
-def apply(src: Path, dest: Path) -> list[dict[str, str]]:
+def apply(src: Path, dest: Path, skip: tuple[str, ...] = ()) -> list[dict[str, str]]:
     if not (src / "scripts" / "train.py").is_file() or not (src / "src" / "openpi").is_dir():
         sys.exit(f"patch_openpi: error: {src} is not an openpi checkout (no scripts/train.py, src/openpi)")
     if dest.exists():
@@ -185,6 +185,9 @@ def apply(src: Path, dest: Path) -> list[dict[str, str]]:
     applied = []
     try:
         for patch in PATCHES:
+            if patch.name in skip:
+                print(f"skipped {patch.path} [{patch.name}] (--skip)")
+                continue
             path = tmp / patch.path
             text = path.read_text()
             count = text.count(patch.old)
@@ -209,8 +212,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("src", type=Path, help="pristine openpi checkout (read only)")
     parser.add_argument("dest", type=Path, help="scratch folder for the patched copy")
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=[p.name for p in PATCHES], help="leave this change out (controls)"
+    )
     args = parser.parse_args()
-    applied = apply(args.src.resolve(), args.dest.resolve())
+    applied = apply(args.src.resolve(), args.dest.resolve(), tuple(args.skip))
     print(f"patch_openpi: {len(applied)} changes applied; patched copy at {args.dest}")
 
 
