@@ -213,7 +213,11 @@ def main() -> None:
     parser.add_argument("src", type=Path, help="pristine openpi checkout (read only)")
     parser.add_argument("dest", type=Path, help="scratch folder for the patched copy")
     parser.add_argument(
-        "--skip", action="append", default=[], choices=[p.name for p in PATCHES], help="leave this change out (controls)"
+        "--skip",
+        action="append",
+        default=[],
+        choices=[p.name for p in PATCHES],
+        help="leave this change out (controls)",
     )
     args = parser.parse_args()
     applied = apply(args.src.resolve(), args.dest.resolve(), tuple(args.skip))
