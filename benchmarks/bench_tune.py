@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 def grid_run(example: str, sets: list[str], batch: int, fraction: float, warmup: int, steps: int) -> dict:
     """One grid point: a fresh process, timed by the hook; its samples/s or how it failed."""
-    from jaxfit.fit.compiler import hooked_pythonpath
+    from jaxfit.fit.command import hooked_pythonpath
 
     folder = Path(tempfile.mkdtemp(prefix="bench-tune-"))
     report = folder / "measure.json"

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.fit.command import batch_value, check_command, with_batch
+from jaxfit.fit.command import batch_value, check_batch_flag, check_command, with_batch
 
 
 @pytest.mark.parametrize(
@@ -71,3 +71,30 @@ def test_the_fit_layer_imports_nothing_above_it():
             names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
             found += [f"{path.name}: {n}" for n in names if n.startswith(above)]
     assert not found
+
+
+@pytest.mark.slow
+def test_a_script_that_ignores_help_is_stopped_before_it_works(tmp_path):
+    """Checking a flag runs ``CMD --help``; a script that parses no flags would train: the start-up
+    hook stops it at its first jitted call, and the check says so in one line."""
+    marker = tmp_path / "trained"
+    script = tmp_path / "noflags.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda x: x + 1)\n"
+        "f(jnp.ones(2)).block_until_ready()\n"
+        f"open({str(marker)!r}, 'w').write('trained')\n"
+    )
+    with pytest.raises(ConfigError, match="printed no help and went on to work"):
+        check_batch_flag([sys.executable, str(script)], "--batch-size")
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_a_script_that_crashes_under_help_is_said_to_crash(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import nosuchmodule_jaxfit\n")
+    with pytest.raises(
+        ConfigError, match=r"--help` failed \(exit code 1\) before printing a help text: .*nosuchmodule"
+    ):
+        check_batch_flag([sys.executable, str(script)], "--batch-size")

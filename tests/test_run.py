@@ -208,6 +208,7 @@ def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
         sys.executable,
         "-c",
         f"import time; {marker} = 1; time.sleep(120)",
+        "--batch-size=1",  # carried: no --help check (the script parses no flags)
     )
     line = error_line(proc)
     assert "timed out after 3 s" in line and "--step-name" in line

@@ -47,6 +47,9 @@ STEP_AUTO = os.environ.get("JAXFIT_PROBE_STEP_AUTO") == "1"
 PIN = os.environ.get("JAXFIT_PIN")
 MEASURE = os.environ.get("JAXFIT_MEASURE")
 WANDB_CONFIG = os.environ.get("JAXFIT_WANDB_CONFIG")
+HELP_CHECK = os.environ.get("JAXFIT_HELP_CHECK") == "1"
+HELP_CHECK_EXIT = 97
+"""Exit code of a script run with ``--help`` that did not stop there (jaxfit.fit.command)."""
 OWNER_ENV = "JAXFIT_HOOK_OWNER"
 LIBRARY_MODULES = ("jax", "jaxlib", "flax", "optax", "orbax", "chex", "equinox", "numpy", "scipy", "ml_dtypes")
 """Packages whose own jitted functions are never the train step (nor watched, nor reported)."""
@@ -406,6 +409,36 @@ def _patch_jax(jax_module: Any) -> None:
     jax_module.jit = jit
 
 
+def _patch_jax_for_help(jax_module: Any) -> None:
+    """``CMD --help`` (jaxfit checking the script's flags): a script that prints its help stops before
+    any jitted call; one that parses no flags goes on to work, and is stopped at its first jitted
+    call (exit :data:`HELP_CHECK_EXIT`), so that checking a flag never trains."""
+    original = jax_module.jit
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        if _claim() and not _steps().is_traced(args, kwargs):
+            print("jaxfit: the script did not stop at --help; stopped at its first jitted call", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(HELP_CHECK_EXIT)
+
+    @functools.wraps(original)
+    def jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if fun is None:
+            return lambda f: jit(f, *args, **kwargs)
+        jitted = original(fun, *args, **kwargs)
+        if _library_function(fun):
+            return jitted
+
+        @functools.wraps(fun)
+        def guarded(*call_args: Any, **call_kwargs: Any) -> Any:
+            stop(*call_args, **call_kwargs)
+            return jitted(*call_args, **call_kwargs)
+
+        return guarded
+
+    jax_module.jit = jit
+
+
 def _patch_wandb(wandb_module: Any) -> None:
     """Wrap ``wandb.init`` so the run's config also holds jaxfit's settings (key ``jaxfit``).
 
@@ -465,16 +498,20 @@ def _chain_next_sitecustomize() -> None:
 
 
 def _install() -> None:
-    if STEP_NAME:  # a probe: record what the script creates (jaxfit_writes) and reads (jaxfit_manifest)
+    if os.environ.get("JAXFIT_PROBE_WRITES"):  # a probe: record what the script creates (jaxfit_writes)
         _importable()
-        import jaxfit_manifest
         import jaxfit_writes
 
-        if os.environ.get(jaxfit_writes.VARIABLE):
-            jaxfit_writes.install(os.environ[jaxfit_writes.VARIABLE])
+        jaxfit_writes.install(os.environ["JAXFIT_PROBE_WRITES"])
+    if STEP_NAME:  # a probe: note the working folder's files the script reads (jaxfit_manifest)
+        _importable()
+        import jaxfit_manifest
+
         jaxfit_manifest.watch_reads()
     patches = {}
-    if STEP_NAME or PIN or MEASURE:
+    if HELP_CHECK:
+        patches["jax"] = _patch_jax_for_help
+    elif STEP_NAME or PIN or MEASURE:
         patches["jax"] = _patch_jax
     if WANDB_CONFIG:
         patches["wandb"] = _patch_wandb

@@ -11,11 +11,23 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 
 from jaxfit.errors import ConfigError
 
 DEFAULT_BATCH_FLAG = "--batch-size"
 """The batch flag of openpi-style scripts and scripts/train.py."""
+PROBE_DIR = str(Path(__file__).resolve().parents[1] / "_probe")
+"""jaxfit's start-up hook (``sitecustomize``), put first on a script's PYTHONPATH."""
+HELP_CHECK_ENV = "JAXFIT_HELP_CHECK"
+HELP_CHECK_EXIT = 97
+"""Exit code of a script that went on working under ``--help`` and was stopped at its first jitted call."""
+
+
+def hooked_pythonpath() -> str:
+    """PYTHONPATH with the start-up hook's folder first (``sitecustomize`` is imported from there)."""
+    path = os.environ.get("PYTHONPATH")
+    return PROBE_DIR + (os.pathsep + path if path else "")
 
 
 def check_command(command: Sequence[str]) -> list[str]:
@@ -98,7 +110,20 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
             f"`{shlex.join(command)} --help` did not finish in {timeout:.0f} s, so jaxfit cannot "
             f"check that it takes {flag}; put {flag}=N in the command"
         ) from None
-    if flag not in text:
+    if text is None:
+        raise ConfigError(
+            f"`{shlex.join(command)} --help` printed no help and went on to work (jaxfit stopped it at its first "
+            f"jitted call), so jaxfit cannot check that it takes {flag}; put {flag}=N in the command"
+        )
+    output, code = text
+    if flag not in output:
+        crashed = "Traceback (most recent call last)" in output or (code not in (0, 1) and "error" in output.lower())
+        if code != 0 and crashed:  # absl's --help exits 1; an uncaught exception too, with a traceback
+            said = _telling_line(output)
+            raise ConfigError(
+                f"`{shlex.join(command)} --help` failed (exit code {code}) before printing a help text: {said}; "
+                "check that the command runs"
+            )
         if fix is None and flag == DEFAULT_BATCH_FLAG:
             fix = f"pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs), or put {flag}=N in the command"
         elif fix is None:
@@ -109,19 +134,30 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
         raise ConfigError(f"the command's --help does not mention {flag}; {fix}")
 
 
-_HELP_TEXTS: dict[tuple[str, ...], str] = {}
+def _telling_line(output: str) -> str:
+    """The line of a failed command's output that says what went wrong (the last with 'error' in it,
+    else the last line)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["no output"])[-1][:300]
 
 
-def _help_text(command: tuple[str, ...], timeout: float) -> str:
-    """What ``command --help`` prints (stdout and stderr), asked for once per command.
+_HELP_TEXTS: dict[tuple[str, ...], tuple[str, int] | None] = {}
+
+
+def _help_text(command: tuple[str, ...], timeout: float) -> tuple[str, int] | None:
+    """``(output, exit code)`` of ``command --help`` (stdout and stderr), asked for once per command; None when the
+    script does not stop at ``--help`` (it parses no flags): jaxfit's start-up hook stops it at its
+    first jitted call, so a help check never trains.
 
     Raises:
       subprocess.TimeoutExpired: it did not finish in ``timeout`` seconds.
     """
     if command not in _HELP_TEXTS:
-        env = dict(os.environ, WANDB_MODE="disabled")
+        env = dict(os.environ, WANDB_MODE="disabled", PYTHONPATH=hooked_pythonpath(), **{HELP_CHECK_ENV: "1"})
         proc = subprocess.run(
             [*command, "--help"], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
         )
-        _HELP_TEXTS[command] = proc.stdout + proc.stderr
+        stopped = proc.returncode == HELP_CHECK_EXIT
+        _HELP_TEXTS[command] = None if stopped else (proc.stdout + proc.stderr, proc.returncode)
     return _HELP_TEXTS[command]

@@ -16,12 +16,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from jaxfit import errors
 from jaxfit.errors import WorkerError
-from jaxfit.fit.command import check_batch_flag
+from jaxfit.fit.command import check_batch_flag, hooked_pythonpath
 from jaxfit.fit.leftovers import probe_ended, probe_environment, probe_started
 from jaxfit.fit.memory import MemoryReport
 from jaxfit.fit.sources import ScriptSource, Source, to_json
@@ -96,7 +95,6 @@ class Overhead:
 NO_OVERHEAD = Overhead(bytes=0, method="not a GPU")
 """What a CPU process holds outside a pool it does not have."""
 
-PROBE_DIR = str(Path(__file__).resolve().parents[1] / "_probe")
 DEFAULT_STEP_NAME = "train_step"
 """The train step's name when ``--step-name`` is not given (then a step-like function is found too)."""
 HOOK_VARIABLES = (
@@ -113,14 +111,9 @@ HOOK_VARIABLES = (
     "JAXFIT_PROBE_BATCH_SIZE",
     "JAXFIT_PROBE_BATCH_ARG",
     "JAXFIT_PROBE_WRITES",
+    "JAXFIT_HELP_CHECK",
 )
 """Variables of the start-up hook: set only for the process they are meant for, never inherited."""
-
-
-def hooked_pythonpath() -> str:
-    """PYTHONPATH with the start-up hook's folder first (``sitecustomize`` is imported from there)."""
-    path = os.environ.get("PYTHONPATH")
-    return PROBE_DIR + (os.pathsep + path if path else "")
 
 
 def child_environment(mem_fraction: float, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -158,6 +151,12 @@ def launch_for(source: Source, python: str = sys.executable) -> tuple[list[str],
     if source.batch_arg is not None:
         extra["JAXFIT_PROBE_BATCH_ARG"] = str(source.batch_arg)
     return list(source.command), extra, source.cwd
+
+
+def _out_of_memory_line(log: Any) -> str:
+    """The line of a probe's output that reports running out of memory (shortened)."""
+    lines = [line.strip() for line in log if "RESOURCE_EXHAUSTED" in line]
+    return lines[-1][:300] if lines else "RESOURCE_EXHAUSTED"
 
 
 class CompileChild:
@@ -341,8 +340,18 @@ class CompileChild:
                 code = self._proc.wait() if self._proc else None
                 tail = self.log_tail()
                 who = "the script" if self.probing else "the compile child"
+                if self.probing and "RESOURCE_EXHAUSTED" in "\n".join(self._log):
+                    self.close()
+                    raise errors.DoesNotFitError(
+                        f"the script ran out of memory (RESOURCE_EXHAUSTED) before it called its train step, under "
+                        f"fraction {self.mem_fraction:g} of this device{self._seen_note(exited_cleanly=False)}: "
+                        f"what its start-up builds (the train state, its initialisation) does not fit, whatever the "
+                        f"batch; its last line: {_out_of_memory_line(self._log)}",
+                        "raise --mem-fraction, plan for a larger card, or shrink what the script builds (LoRA, "
+                        "bfloat16 weights, FSDP over more devices)",
+                    )
                 raise WorkerError(
-                    f"{who} exited (code {code}) while trying to {doing}{self._seen_note()}"
+                    f"{who} exited (code {code}) while trying to {doing}{self._seen_note(exited_cleanly=code == 0)}"
                     + (f"; its last output:\n{tail}" if tail else "")
                 )
             if reply.get("op") == "jit_seen":
@@ -360,9 +369,9 @@ class CompileChild:
         self._requests.write(json.dumps(message) + "\n")
         self._requests.flush()
 
-    def _seen_note(self) -> str:
+    def _seen_note(self, exited_cleanly: bool = True) -> str:
         """What the probed script jitted and called: the functions it called first (with how often),
-        then those it only jitted."""
+        then those it only jitted; when it ended by itself (or ran on), whether none was a train step."""
         if not self.probing:
             return ""
         if not self.jitted_names:
@@ -378,7 +387,7 @@ class CompileChild:
                     for name, count in called[:12]
                 )
             )
-            if not any(kind == "train step" for kind in self.called_kinds.values()):
+            if exited_cleanly and not any(kind == "train step" for kind in self.called_kinds.values()):
                 parts.append(
                     "none of them updates the state it is given, as a train step does (it returns the state "
                     "updated); a script that only evaluates has no train step to fit"

@@ -35,7 +35,8 @@ from typing import Any
 from jaxfit._probe.jaxfit_pin import PIN_ENV, REPORT_ENV, load_pin
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.cache import default_cache_path
-from jaxfit.fit.compiler import PROBE_DIR, CompileChild, DeviceInfo
+from jaxfit.fit.command import PROBE_DIR
+from jaxfit.fit.compiler import CompileChild, DeviceInfo
 from jaxfit.fit.memory import MemoryReport
 
 PIN_FILE = "pin.json"

@@ -16,9 +16,9 @@ from jaxfit.errors import ConfigError
 from jaxfit.files import write_json
 from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
 from jaxfit.fit.cache import default_cache_path
-from jaxfit.fit.command import batch_value, check_batch_flag, with_batch
+from jaxfit.fit.command import batch_value, check_batch_flag, hooked_pythonpath, with_batch
 from jaxfit.fit.common import Progress
-from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
+from jaxfit.fit.compiler import HOOK_VARIABLES
 from jaxfit.fit.devices import visible_device_count
 from jaxfit.fit.pin import Pin, hook_environment, read_report
 from jaxfit.fit.sources import ScriptSource

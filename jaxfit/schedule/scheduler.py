@@ -19,7 +19,7 @@ from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
 from jaxfit._probe.jaxfit_pin import GUARD_MARKER
 from jaxfit.errors import ConfigError
 from jaxfit.files import write_json
-from jaxfit.fit.compiler import PROBE_DIR
+from jaxfit.fit.command import PROBE_DIR
 from jaxfit.fit.devices import visible_entry
 from jaxfit.fit.pin import Pin, hook_environment, read_report
 from jaxfit.run.accumulation import next_accumulation, with_steps

@@ -39,9 +39,9 @@ from jaxfit.errors import DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, FitResult, fit_batch
 from jaxfit.fit.answers import device_identity
 from jaxfit.fit.cache import JsonStore, default_cache_path
-from jaxfit.fit.command import with_batch
+from jaxfit.fit.command import hooked_pythonpath, with_batch
 from jaxfit.fit.common import Progress, notify
-from jaxfit.fit.compiler import HOOK_VARIABLES, hooked_pythonpath
+from jaxfit.fit.compiler import HOOK_VARIABLES
 from jaxfit.fit.leftovers import cleaned
 from jaxfit.fit.pin import Pin, hook_environment, run_environment
 from jaxfit.fit.sources import ExampleSource, ScriptSource
