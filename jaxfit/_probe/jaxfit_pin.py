@@ -16,9 +16,14 @@ and jaxfit's start-up hook loads it here, in the training process, at the first 
    process stops before any step runs, with one line saying why and what to do, instead of running
    out of memory later (exit code :data:`GUARD_EXIT`).
 
+The pin must cover the *train step*: every other jitted function of the process stands behind an
+:class:`OtherFunction`, and one that would update the state (:mod:`jaxfit_steps`) stops the process
+before its call runs (exit :data:`GUARD_EXIT`): a pin of an evaluation step, or of one of two train
+steps, would otherwise let the real step train unchecked.
+
 What happened is written as JSON to ``$JAXFIT_PIN_REPORT`` (``program_pinned``,
-``pinned_peak_bytes``, ``program_peak_bytes``, ``reason``...), which ``jaxfit run`` and
-``jaxfit schedule`` report. Standard library + jax only (it runs in the script's environment).
+``pinned_peak_bytes``, ``program_peak_bytes``, ``reason``, ``step_name``, ``step_updates_state``,
+``step_calls``, ``other_train_steps``...), which ``jaxfit run`` and ``jaxfit schedule`` report. Standard library + jax only (it runs in the script's environment).
 """
 
 from __future__ import annotations
