@@ -378,7 +378,15 @@ def test_an_interrupt_during_the_scripts_start_up_leaves_none_of_it_running(tmp_
     marker = tmp_path / "started"
     command = [sys.executable, "-m", "jaxfit.cli", "fit", "--script", "--"]
     command += [sys.executable, str(FIXTURES / "slow_start.py"), f"--marker={marker}"]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # as from a terminal: a test run started in the background inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
