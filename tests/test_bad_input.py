@@ -21,6 +21,10 @@ TRAIN = str(REPO / "scripts" / "train.py")
         (["fit", "--script", "--probe-timeout", "-1", "--", sys.executable, SHAPED], "--probe-timeout -1 must be more"),
         (["fit", "--example", "mlp-tiny", "--device-memory", "1KiB"], "more than the whole device (1.00 KiB)"),
         (["fit", "--mem-fraction", "abc"], "--mem-fraction"),
+        (
+            ["fit", "--example", "mlp-tiny", "--max-batch", "99999999999999999999"],
+            "--max-batch 99999999999999999999 is beyond any batch a device can hold; use at most 2147483647",
+        ),
         (["fit", "--no-such-flag"], "Unrecognized options: --no-such-flag; see jaxfit fit --help"),
         (["nosuch"], "Unrecognized options: nosuch; see jaxfit --help"),
         (

@@ -244,3 +244,25 @@ def test_tuned_proof_when_the_tuned_compile_itself_runs_out_of_memory():
     assert cheap.answer == 90
     assert proved.answer == true_answer(tuned, budget, Grid(1, 65536)) == 75
     assert all(len(points) <= 2 for kind, points in rounds if kind == "tuned")
+
+
+def test_a_grid_of_a_trillion_points_is_searched_without_listing_it():
+    """``--max-batch 99999999999999999999`` once grew a round's candidate list to 21 GB: the search
+    and its proof now work on ranges (an absurd bound is refused by the options, this is the rest)."""
+    grid = Grid(1, 10**12)
+    budget = 1e9 + 1e3 * 123_456_789
+    f = lambda b: 1e9 + 1e3 * b  # noqa: E731
+    cheap = search(lambda ps: {p: f(p) - budget for p in ps}, grid, width=4, leave_open=1)
+    proved = prove(lambda ps: {p: f(p) + 1.0 - budget for p in ps}, grid, cheap, budget, width=2)
+    assert proved.answer == 123_456_788 and proved.rounds < 20
+    assert len(grid.between(0, 10**12 + 1)) == 10**12
+
+
+def test_unknown_points_skip_the_known_ones_in_order():
+    from jaxfit.fit.search import Unknown
+
+    points = Unknown(range(3, 30, 3), [6, 12, 13, 27])
+    assert list(points) == [3, 9, 15, 18, 21, 24] and len(points) == 6
+    assert points[0] == 3 and points[1] == 9 and points[-1] == 24 and points[2:4] == [15, 18]
+    with pytest.raises(IndexError):
+        points[6]

@@ -16,6 +16,9 @@ from jaxfit.fit.search import Grid
 DEFAULT_MEM_FRACTION = 0.45
 """The fraction fitted under when neither ``--mem-fraction`` nor $XLA_PYTHON_CLIENT_MEM_FRACTION is set."""
 DEFAULT_MAX_BATCH = 65536
+BATCH_LIMIT = 2**31 - 1
+"""The largest batch bound taken: XLA's dimensions are 64-bit, but a batch beyond 2^31 samples is
+no batch a device holds, and a bound of 10^20 once grew the search's memory without end."""
 """The largest batch a fit considers unless told otherwise."""
 DEFAULT_START_TIMEOUT = 900.0
 """Seconds a probe waits for a script to reach its train step (data and weight loading first)."""
@@ -109,6 +112,11 @@ class FitOptions:
         """
         if self.min_batch < 1:
             raise ConfigError(f"--min-batch must be at least 1, got {self.min_batch}")
+        for flag, value in (("--min-batch", self.min_batch), ("--max-batch", self.max_batch)):
+            if value > BATCH_LIMIT:
+                raise ConfigError(f"{flag} {value} is beyond any batch a device can hold; use at most {BATCH_LIMIT}")
+        if self.multiple_of > BATCH_LIMIT:
+            raise ConfigError(f"--multiple-of {self.multiple_of} is beyond any batch; use at most {BATCH_LIMIT}")
         return Grid(self.min_batch, self.max_batch, self.multiple_of)
 
     def validate(self) -> FitOptions:

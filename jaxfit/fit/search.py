@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from typing import Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal, overload
 
 from jaxfit.errors import ConfigError
 
@@ -67,10 +67,13 @@ class Grid:
         """The smallest grid point ``>= x`` (clamped to the grid)."""
         return min(self.last, max(self.first, math.ceil(x / self.step) * self.step))
 
-    def between(self, lo: int, hi: int) -> list[int]:
-        """Grid points strictly between ``lo`` and ``hi``."""
+    def between(self, lo: int, hi: int) -> range:
+        """Grid points strictly between ``lo`` and ``hi``, as a ``range``: nothing is listed, so a grid
+        of 10^20 points costs what one of ten does."""
         start = self.up(lo + 1) if lo >= self.first else self.first
-        return [x for x in range(start, hi, self.step) if lo < x < hi]
+        if start <= lo:  # ``up`` clamps to the grid's last point
+            start += self.step
+        return range(start, max(start, hi), self.step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +90,39 @@ class Bracket:
         hi = min(fails) if fails else None
         fits = [x for x, e in known.items() if e <= 0 and (hi is None or x < hi)]
         return cls(max(fits) if fits else None, hi)
+
+
+class Unknown(Sequence[int]):
+    """The points of ``points`` (a ``range``) less those in ``skip``, in order, without listing them:
+    the length and the i-th point are computed from the few skipped ones."""
+
+    def __init__(self, points: range, skip: Iterable[int]) -> None:
+        self.points = points
+        self.skip = sorted({x for x in skip if x in points})
+
+    def __len__(self) -> int:
+        return len(self.points) - len(self.skip)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | Sequence[int]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        index = i
+        for x in self.skip:  # ascending: each skipped point at or before the candidate shifts it on
+            if self.points.index(x) <= index:
+                index += 1
+            else:
+                break
+        return self.points[index]
 
 
 def settled(grid: Grid, known: Mapping[int, float]) -> Outcome | None:
@@ -190,9 +226,9 @@ def next_round(grid: Grid, known: Mapping[int, float], width: int) -> list[int]:
 
     lo = b.lo if b.lo is not None else grid.first - grid.step  # virtual point below the grid
     hi = b.hi if b.hi is not None else grid.last + grid.step  # virtual point above the grid
-    interior = [x for x in grid.between(lo, hi) if x not in known]
+    interior = Unknown(grid.between(lo, hi), known)
     if len(interior) <= width:
-        return interior
+        return list(interior)
 
     guess = predict(grid, known)
     trusted = _locally_affine(known, b)
@@ -231,7 +267,7 @@ def next_round(grid: Grid, known: Mapping[int, float], width: int) -> list[int]:
     # Fill the rest by splitting the open interval evenly (a k-ary search).
     spots = width - len(chosen)
     if spots > 0:
-        inner = [x for x in interior if x not in chosen]
+        inner = Unknown(grid.between(lo, hi), [*known, *chosen])
         for i in range(1, spots + 1):
             if inner:
                 take(inner[min(len(inner) - 1, (i * len(inner)) // (spots + 1))])
@@ -423,9 +459,9 @@ def _next_settle_round(
     b = Bracket.of(merged)
     lo = b.lo if b.lo is not None else grid.first - grid.step
     hi = b.hi if b.hi is not None else grid.last + grid.step
-    interior = [x for x in grid.between(lo, hi) if x not in known]
+    interior = Unknown(grid.between(lo, hi), known)
     if len(interior) <= width:
-        return interior or [x for x in (b.lo, b.hi) if x is not None and x not in known][:width]
+        return list(interior) or [x for x in (b.lo, b.hi) if x is not None and x not in known][:width]
     fits = sorted(x for x, e in known.items() if e <= 0 and x < hi)
     fails = sorted(x for x, e in known.items() if e > 0 and math.isfinite(e) and x > lo)
     step = _step_slope(known, fits or fails, slope)
