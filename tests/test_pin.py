@@ -227,3 +227,22 @@ def test_run_with_nothing_fitted_says_not_pinned(tmp_path, run_cli):
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["program_pinned"] is False and plan["run"]["reason"] == "nothing was fitted"
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing", "folder"])
+def test_a_pin_that_cannot_be_read_stops_the_script_in_one_line(tmp_path, damage):
+    """A broken JAXFIT_PIN was ignored without a word, and the budget guard with it (a batch needing
+    more than the budget ran): now the script stops at ``import jax`` with one line, exit code 2."""
+    pin = tmp_path / "pin" / "pin.json"
+    if damage == "garbage":
+        pin.parent.mkdir()
+        pin.write_text('{"fingerprint": ')
+    elif damage == "folder":
+        pin.mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "jaxfit" / "_probe"), JAXFIT_PIN=str(pin))
+    proc = subprocess.run(
+        [sys.executable, str(FIXTURES / "mini_train.py"), "--steps", "1"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 2 and "trained" not in proc.stdout, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("jaxfit: error:")]
+    assert len(lines) == 1 and f"JAXFIT_PIN={pin} cannot be read" in lines[0] and "Traceback" not in proc.stderr

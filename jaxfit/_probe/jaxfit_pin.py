@@ -39,6 +39,8 @@ PIN_ENV = "JAXFIT_PIN"
 REPORT_ENV = "JAXFIT_PIN_REPORT"
 GUARD_EXIT = 75
 """Exit code of a training process stopped because its own program does not fit the budget."""
+PIN_UNREADABLE_EXIT = 2
+"""Exit code of a training process whose ``$JAXFIT_PIN`` cannot be read (it stops at ``import jax``)."""
 GUARD_MARKER = "does not fit the budget jaxfit proved"
 """Words of the guard's error line; the scheduler counts a run stopped by it as out of memory."""
 MAX_SHAPES = 8

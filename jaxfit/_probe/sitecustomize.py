@@ -367,13 +367,21 @@ def _patch_jax(jax_module: Any) -> None:
         return  # a worker of the probed or trained process: leave jax alone
     _importable()
     run_step = os.environ.get("JAXFIT_PIN_STEP_NAME") or os.environ.get("JAXFIT_MEASURE_STEP_NAME")
-    if PIN and not run_step:
+    if PIN:
         import jaxfit_pin
 
-        try:
-            run_step = jaxfit_pin.load_pin(PIN).get("step_name")
-        except (OSError, ValueError):
-            run_step = None
+        try:  # a readable pin.json keeps the guard (its budget), even when its executable is damaged
+            pin_step = jaxfit_pin.load_pin(PIN).get("step_name")
+            run_step = run_step or pin_step
+        except (OSError, ValueError) as e:  # no pin, no budget: the guard cannot be kept, so stop
+            print(
+                "jaxfit: error: JAXFIT_PIN=%s cannot be read (%s: %s), so the train step could run unchecked; "
+                "fit again for a new pin (jaxfit keeps the newest ones), or run without JAXFIT_PIN"
+                % (PIN, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else ""),
+                file=sys.stderr,
+            )
+            sys.stderr.flush()
+            os._exit(jaxfit_pin.PIN_UNREADABLE_EXIT)
 
     @functools.wraps(original)
     def jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:
