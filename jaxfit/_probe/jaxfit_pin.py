@@ -201,9 +201,7 @@ class PinnedStep:
 
     def _decide(self, args: tuple, kwargs: dict) -> Any:
         """Load the pinned program for this call, or compile and check the step's own."""
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:
-            sys.path.insert(0, here)
+        _importable()
         import jaxfit_compile_server as server_mod
 
         if _REPORT["step_updates_state"] is None:
@@ -328,10 +326,16 @@ def _stand_in(wrapper: Any, jitted: Any) -> None:
         pass
 
 
-def _steps() -> Any:
+def _importable() -> None:
+    """Make this folder's modules (the compile server, :mod:`jaxfit_steps`) importable."""
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)
+
+
+def _steps() -> Any:
+    """:mod:`jaxfit_steps`: what a jitted call does with its arguments."""
+    _importable()
     import jaxfit_steps
 
     return jaxfit_steps

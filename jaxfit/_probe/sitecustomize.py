@@ -362,7 +362,6 @@ def _patch_jax(jax_module: Any) -> None:
     """Wrap ``jax.jit``: in the probe every jitted function of the script is watched (:class:`_Watched`);
     with a pin, the step is replaced by :class:`jaxfit_pin.PinnedStep`; when ``jaxfit tune``
     measures, it is timed by :class:`jaxfit_measure.MeasuredStep`."""
-    original = jax_module.jit
     if not _claim():
         return  # a worker of the probed or trained process: leave jax alone
     _importable()
@@ -383,13 +382,7 @@ def _patch_jax(jax_module: Any) -> None:
             sys.stderr.flush()
             os._exit(jaxfit_pin.PIN_UNREADABLE_EXIT)
 
-    @functools.wraps(original)
-    def jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if fun is None:  # jax.jit(static_argnums=...) used as a decorator factory
-            return lambda f: jit(f, *args, **kwargs)
-        jitted = original(fun, *args, **kwargs)
-        if _library_function(fun) or not _claim():  # a forked child shares the patched jax
-            return jitted
+    def choose(jitted: Any, fun: Any, kwargs: "dict[str, Any]") -> Any:
         name = _function_name(fun)
         if STEP_NAME:
             _report_jit(name)
@@ -414,6 +407,24 @@ def _patch_jax(jax_module: Any) -> None:
             step = jaxfit_measure.MeasuredStep(step, warmup, steps, os.environ.get(jaxfit_measure.REPORT_ENV))
         return step
 
+    _replace_jit(jax_module, choose)
+
+
+def _replace_jit(jax_module: Any, choose: Any) -> None:
+    """Wrap ``jax.jit`` so that each of the script's own jitted functions (not a library's) is what
+    ``choose(jitted, fun, jit_kwargs)`` returns; ``jax.jit(static_argnums=...)`` as a decorator
+    factory too."""
+    original = jax_module.jit
+
+    @functools.wraps(original)
+    def jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if fun is None:  # jax.jit(static_argnums=...) used as a decorator factory
+            return lambda f: jit(f, *args, **kwargs)
+        jitted = original(fun, *args, **kwargs)
+        if _library_function(fun) or not _claim():  # a forked child shares the patched jax
+            return jitted
+        return choose(jitted, fun, kwargs)
+
     jax_module.jit = jit
 
 
@@ -421,30 +432,19 @@ def _patch_jax_for_help(jax_module: Any) -> None:
     """``CMD --help`` (jaxfit checking the script's flags): a script that prints its help stops before
     any jitted call; one that parses no flags goes on to work, and is stopped at its first jitted
     call (exit :data:`HELP_CHECK_EXIT`), so that checking a flag never trains."""
-    original = jax_module.jit
 
-    def stop(*args: Any, **kwargs: Any) -> Any:
-        if _claim() and not _steps().is_traced(args, kwargs):
-            print("jaxfit: the script did not stop at --help; stopped at its first jitted call", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(HELP_CHECK_EXIT)
-
-    @functools.wraps(original)
-    def jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if fun is None:
-            return lambda f: jit(f, *args, **kwargs)
-        jitted = original(fun, *args, **kwargs)
-        if _library_function(fun):
-            return jitted
-
+    def choose(jitted: Any, fun: Any, kwargs: "dict[str, Any]") -> Any:
         @functools.wraps(fun)
         def guarded(*call_args: Any, **call_kwargs: Any) -> Any:
-            stop(*call_args, **call_kwargs)
+            if _claim() and not _steps().is_traced(call_args, call_kwargs):
+                print("jaxfit: the script did not stop at --help; stopped at its first jitted call", file=sys.stderr)
+                sys.stderr.flush()
+                os._exit(HELP_CHECK_EXIT)
             return jitted(*call_args, **call_kwargs)
 
         return guarded
 
-    jax_module.jit = jit
+    _replace_jit(jax_module, choose)
 
 
 def _patch_wandb(wandb_module: Any) -> None:

@@ -155,7 +155,7 @@ class FitResult:
         step = self.step
         if step["name"] is None:
             return "step unknown"
-        how = {"found": "found", "named": "named", "workload": "the workload's step"}[step["chosen"]]
+        how = "the workload's step" if step["chosen"] == "workload" else step["chosen"]
         why = f": {step['why']}" if step["chosen"] == "found" and step["why"] else ""
         warn = (
             "; note: it returns no updated state, so it looks like an evaluation, not the train step"
