@@ -80,8 +80,9 @@ class _Rounds:
 
 def _start_child(
     source: Source, fraction: float, options: FitOptions, cache_path: str | None
-) -> tuple[CompileChild, DeviceInfo, int, int]:
-    """The compile child under ``fraction``: ``(child, info, total, limit)``.
+) -> tuple[CompileChild, DeviceInfo, int, int, int | None]:
+    """The compile child under ``fraction``: ``(child, info, total, limit, gpu_total)`` (``gpu_total``:
+    this GPU's own memory, None on a CPU).
 
     With ``--device-memory`` on a GPU it is restarted under the fraction of this GPU whose limit
     equals ``fraction x`` that size (planning for another card).
@@ -104,11 +105,12 @@ def _start_child(
             child.close()
             child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=options.start_timeout)
             info = child.start()
-            return child, info, options.device_memory_bytes, int(info.bytes_limit or 0)
+            return child, info, options.device_memory_bytes, int(info.bytes_limit or 0), total
         if info.limit_sensitive:
-            return child, info, round(int(info.bytes_limit or 0) / fraction), int(info.bytes_limit or 0)
+            total = round(int(info.bytes_limit or 0) / fraction)
+            return child, info, total, int(info.bytes_limit or 0), total
         total = options.device_memory_bytes or info.host_memory_bytes
-        return child, info, total, int(fraction * total)
+        return child, info, total, int(fraction * total), None
     except BaseException as e:
         child.close(polite=isinstance(e, Exception))
         raise
@@ -187,7 +189,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         return hit
 
     notify(progress, "starting", fraction=fraction, source=source)
-    child, info, total, limit = _start_child(source, fraction, options, options.cache_file())
+    child, info, total, limit, gpu_total = _start_child(source, fraction, options, options.cache_file())
     try:
         budget = budget_mod.budget_bytes(limit, options.headroom_bytes)
         if budget <= 0:
@@ -285,7 +287,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         budget_bytes=budget,
         peak_bytes=final.peak_bytes,
         outcome=outcome,
-        device=device_dict(info, total),
+        device=device_dict(info, total, gpu_total),
         workload=child.workload_info,
         compiles=sum(1 for c in candidates if not c.cached),
         rounds=rounds.count,

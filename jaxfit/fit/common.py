@@ -38,10 +38,12 @@ def default_width(info: DeviceInfo) -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def device_dict(info: DeviceInfo, total_bytes: int) -> dict[str, Any]:
-    """The result's ``device`` object: the child's device and the total the fractions are of."""
+def device_dict(info: DeviceInfo, total_bytes: int, gpu_total_bytes: int | None = None) -> dict[str, Any]:
+    """The result's ``device`` object: the child's device, the total the fractions are of (the card
+    planned with ``--device-memory``, else this device) and, on a GPU, this GPU's own total."""
     d = dataclasses.asdict(info)
     d["total_bytes"] = total_bytes
+    d["gpu_total_bytes"] = gpu_total_bytes
     return d
 
 

@@ -223,7 +223,7 @@ def fit_fraction(
         budget_bytes=limit - options.headroom_bytes,
         peak_bytes=peak,
         outcome="fraction",
-        device=device_dict(info, total),
+        device=device_dict(info, total, gpu_total),
         workload=workload_info,
         compiles=compiles,
         rounds=rounds,

@@ -65,8 +65,10 @@ class RunPlan:
             pinned = f"; {self.fit.pin_note or 'not pinned'}"
         else:
             pinned = "; not pinned: nothing was fitted"
+        card = self.settings.get("card_mem_fraction")
+        emulated = f" (fraction {card:g} of the planned card, on this larger GPU)" if card is not None else ""
         return (
-            f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}, batch {self.batch_size}{accumulated} ({how}"
+            f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}{emulated}, batch {self.batch_size}{accumulated} ({how}"
             + (
                 f", predicted peak {format_bytes(peak)} of {format_bytes(self.settings['budget_bytes'])}"
                 if peak
@@ -171,9 +173,7 @@ def plan_run(
             fit = fit_fraction(source, batch_size, options, progress=progress)
             batch, fraction = batch_size, fit.mem_fraction
     final = with_batch(command, source.batch_flag, batch)
-    settings = run_settings(fit, fraction, batch, final, source.accum_flag)
-    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
-    return RunPlan(final, env, fraction, batch, settings, fit)
+    return _plan(final, fraction, batch, fit, options, source.accum_flag)
 
 
 def _check_device_multiple(flag: str, value: int) -> None:
@@ -227,9 +227,29 @@ def _plan_accumulated(
             source, global_batch, options, fraction=fraction, micro_limit=micro.batch_size, progress=progress, hint=hint
         )
     final = accumulated_command(command, global_batch, steps, source.batch_flag, accum_flag)
-    settings = run_settings(fit, fraction, global_batch, final, accum_flag)
-    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:g}"}
-    return RunPlan(final, env, fraction, global_batch, settings, fit)
+    return _plan(final, fraction, global_batch, fit, options, accum_flag)
+
+
+def _plan(
+    command: list[str], fraction: float, batch: int, fit: FitResult | None, options: FitOptions, accum_flag: str
+) -> RunPlan:
+    """The plan of ``command`` at ``fraction`` of the card: on a GPU larger than a card planned with
+    ``--device-memory``, the process runs under the fraction of this GPU that gives that card's
+    limit (0.9 of 48 GiB is 0.54 of an 80 GiB GPU), so a run here is the run on that card."""
+    settings = run_settings(fit, fraction, batch, command, accum_flag)
+    here = fraction
+    if fit is not None:
+        here = fit.process_fraction
+    elif options.device_memory_bytes is not None:
+        from jaxfit.fit.devices import detect_gpus
+
+        gpus = detect_gpus()
+        if gpus and options.device_memory_bytes < gpus[0].total_bytes:
+            here = float(f"{fraction * options.device_memory_bytes / gpus[0].total_bytes:.6g}")
+    if here != fraction:
+        settings.update(card_mem_fraction=fraction, process_mem_fraction=here, mem_fraction=here)
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{here:g}"}
+    return RunPlan(command, env, here, batch, settings, fit)
 
 
 def _run_files(settings: Mapping[str, Any]) -> tuple[Path, Path]:

@@ -374,7 +374,7 @@ def _measure(
     env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
     env.update(
         {
-            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fit.mem_fraction:g}",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fit.process_fraction:g}",  # a planned smaller card, emulated
             "PYTHONPATH": hooked_pythonpath(),
             "JAXFIT_MEASURE": f"{tune.warmup},{tune.steps}",
             "JAXFIT_MEASURE_REPORT": str(report),
