@@ -34,15 +34,29 @@ def check_writable(path: str | os.PathLike[str], flag: str = "--json") -> Path:
     return p
 
 
-def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
-    """Write ``data`` as JSON atomically: the file is either the whole new object or untouched."""
+def write_text(path: str | os.PathLike[str], text: str, flag: str = "--json") -> None:
+    """Write ``text`` atomically: the file is either the whole new text or untouched (a full disk
+    leaves no half-written file).
+
+    Raises:
+      ConfigError: it could not be written (one line naming ``flag``, the path and why).
+    """
     p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write it ({e.strerror or e})") from None
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise ConfigError(f"{flag} {path}: cannot write it ({e.strerror or e})") from None
         raise
+
+
+def write_json(path: str | os.PathLike[str], data: Mapping[str, Any], flag: str = "--json") -> None:
+    """Write ``data`` as JSON atomically (:func:`write_text`)."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n", flag)

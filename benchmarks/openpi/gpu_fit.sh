@@ -30,28 +30,7 @@ cd "$REPO" || exit 2
 echo "== gpu_fit $TAG: $(date -u +%FT%TZ) on $(hostname)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-if [ ! -d "$SITE" ] || [ .whl -nt "$SITE" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 3
-fi
-export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 OPENPI_DIR HOME=${OPENPI_HOME:-/tmp/openpi-home} JAXFIT_CACHE_DIR=${JAXFIT_CACHE_DIR:-/tmp/jaxfit-cache}
-mkdir -p "$HOME"
-
-python3 benchmarks/openpi/patch_openpi.py .openpi "$OPENPI_DIR" || exit 4
-
-echo "== preflight (CPU backend: nothing on the GPU)"
-JAX_PLATFORMS=cpu python3 - <<'EOF' || exit 5
-import importlib.metadata as md
-for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "jaxtyping", "numpy", "torch", "transformers",
-             "protobuf", "tyro", "wandb", "beartype", "pydantic", "typing_extensions"):
-    try:
-        print(f"  {name} {md.version(name)}")
-    except md.PackageNotFoundError:
-        print(f"  {name} MISSING")
-import jaxfit.cli  # noqa: F401  (jaxfit from the repository)
-EOF
-JAX_PLATFORMS=cpu timeout 240 python3 benchmarks/openpi/fake_configs.py "$CONFIG" || exit 6
-
+. "$REPO/benchmarks/openpi/gpu_setup.sh" || exit $?
 # The script runs in a scratch folder: what its start-up writes in the working folder lands there.
 WORK=${WORK:-/tmp/openpi-work}
 mkdir -p "$WORK" && cd "$WORK" || exit 2

@@ -90,8 +90,6 @@ def fit_command(
         result = fit_batch(source, options, progress=progress)
     else:
         result = fit_fraction(source, batch_size, options, progress=progress)
-    if json:
-        write_json(json, result.to_dict())
     command = list(source.run_command) if isinstance(source, ScriptSource) else None
     batch_flag = source.batch_flag if isinstance(source, ScriptSource) else "--batch-size"
     if quiet:
@@ -105,6 +103,8 @@ def fit_command(
             out.print(breakdown_table(result))
         else:
             out.print("no breakdown: the step's arguments were not reported (fit again with --no-cache)")
+    if json:  # after the answer is shown: a file that cannot be written loses nothing
+        write_json(json, result.to_dict())
     if wandb:
         from jaxfit.run.tracking import log_fit
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shlex
+import sys
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import tyro
 from rich.console import Console
 from rich.table import Table
 
-from jaxfit.cli.app import Flat, app, no_command, parsed
+from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, app, parsed
 from jaxfit.errors import JaxfitError
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.mesh import MIN_SHARD_BYTES, MeshSpec
@@ -22,68 +24,106 @@ MARKS = {"gpu": "", "mock": " (mock)", "cpu": " (cpu)"}
 @app.command(name="plan")
 def plan_command(
     options: Annotated[FitOptions, Flat] = FitOptions(),
+    probe: Annotated[ScriptArgs, Flat] = ScriptArgs(),
     example: str | None = None,
     overrides: Annotated[tuple[str, ...], tyro.conf.arg(name="set"), tyro.conf.UseAppendAction] = (),
     entry: str | None = None,
+    script: bool = False,
     cards: Annotated[tuple[str, ...], tyro.conf.arg(name="card"), tyro.conf.UseAppendAction] = (),
     default_cards: bool = True,
-    devices: tuple[int, ...] = (1, 2, 4),
+    devices: tuple[int, ...] | None = None,
     fsdp: tuple[int, ...] | None = None,
     fsdp_min_size: Annotated[Size, tyro.conf.arg(name="fsdp-min-size")] = MIN_SHARD_BYTES,
+    fsdp_flag: str = "--fsdp-devices",
+    batch_size: int | None = None,
     json: str | None = None,
+    markdown: str | None = None,
     quiet: bool = False,
 ) -> None:
     """What-if table: the largest global batch and its per-device peak for card sizes x device counts x FSDP sizes, each compiled under the limit that card and fraction would give.
 
-    Usage: `jaxfit plan --example gpt-small --mem-fraction 0.9 --devices 1 2 4 --card L4=24GB`.
-    Cells for more devices than this machine has are compiled for a mocked GPU topology (never
-    run); on a CPU-only machine, for host devices (the CPU compiler ignores the limit, so a cell
-    compares the analysis with the card's budget). A card larger than this GPU at the fraction
-    cannot be planned here and is marked not available.
+    Usage: `jaxfit plan --example gpt-small --mem-fraction 0.9 --devices 1 2 4 --card L4=24GB`, or for
+    an unmodified training script `jaxfit plan --script --mem-fraction 0.9 --markdown HARDWARE.md --
+    python scripts/train.py pi0_libero --exp-name=plan`. Examples and entries: cells for more
+    devices than this machine has are compiled for a mocked GPU topology (never run); on a CPU-only
+    machine, for host devices (the CPU compiler ignores the limit, so a cell compares the analysis
+    with the card's budget). Scripts: each cell probes the command with its devices visible (the
+    first N GPUs; host devices without GPUs) and, with --fsdp, its --fsdp-flag set; more GPUs than
+    this machine has cannot be planned for a script (it runs its own start-up on them). A card
+    larger than this GPU at the fraction cannot be planned here and is marked not available. Every
+    cell is cached when found: a plan cut short by Ctrl-C picks up where it stopped.
 
     Args:
         options: How to fit each cell (--device-memory is set per card).
+        probe: With --script: how to find the train step.
         example: Built-in example to plan (see `jaxfit examples`); default gpt-tiny.
         overrides: Override a config key of the example, KEY=VALUE; repeatable.
         entry: Your own workload: package.module:function returning a jaxfit.Workload.
+        script: Plan the train step of an unmodified training script given after --, as `jaxfit fit --script` fits it.
         cards: A card to plan for, NAME=SIZE with the total CUDA reports (e.g. --card 4090=24564MiB), or a card measured on real hardware, H100 (80GB HBM3: 81,080 MiB) or H200 (143,160 MiB); repeatable, added to the defaults.
         default_cards: Include the nominal 24, 32, 48, 80, 96 and 141 GB cards (read as GiB; a real card gives JAX about 1 % less, see --card H100); --no-default-cards plans only the --card ones.
-        devices: Device counts to plan for.
-        fsdp: FSDP sizes to plan for each device count (those that divide it); default 1 and the count itself.
-        fsdp_min_size: Arrays smaller than this stay replicated under FSDP.
+        devices: Device counts to plan for (default 1 2 4; with --script, 1, 2, 4 and 8 up to the GPUs here).
+        fsdp: FSDP sizes to plan for each device count (those that divide it); default 1 and the count itself (with --script: the command's own --fsdp-flag value, left as it is).
+        fsdp_min_size: Arrays smaller than this stay replicated under FSDP (examples and entries).
+        fsdp_flag: With --script and --fsdp: the script's FSDP-size flag, set to each size (openpi's --fsdp-devices).
+        batch_size: Also find, per cell, the smallest fraction of the card under which this global batch fits.
         json: Also write the table as JSON to this file.
+        markdown: Also write a hardware-requirements page (Markdown) to this file: per card, whether it fits, the largest batch, the breakdown, what to change to fit, and how it was made.
         quiet: No progress lines.
     """
     parsed()
-    no_command("plan")
     from jaxfit.examples import DEFAULT_EXAMPLE, parse_overrides
-    from jaxfit.files import check_writable, write_json
+    from jaxfit.files import check_writable, write_json, write_text
     from jaxfit.fit.sources import Source, entry_source, example_source
     from jaxfit.plan.whatif import DEFAULT_CARDS, meshes_for, parse_card, what_if
 
-    if example and entry:
-        raise JaxfitError("give one of --example or --entry")
-    if entry and overrides:
-        raise JaxfitError("--set applies to built-in examples only; configure an --entry in its own code")
+    if sum(bool(x) for x in (example, entry, script)) > 1:
+        raise JaxfitError("give one of --example, --entry or --script")
+    if COMMAND and not script:
+        raise JaxfitError("a command after -- needs --script")
+    if (entry or script) and overrides:
+        raise JaxfitError("--set applies to built-in examples only; configure an --entry or a script in its own code")
     if options.device_memory_bytes is not None:
         raise JaxfitError("--device-memory is set per card by plan; give cards with --card NAME=SIZE")
-    if json:
-        check_writable(json)
+    if batch_size is not None and batch_size < 1:
+        raise JaxfitError(f"--batch-size {batch_size} must be at least 1 (the global batch to find a fraction for)")
+    for path in (json, markdown):
+        if path:
+            check_writable(path)
     chosen: list[Card] = (list(DEFAULT_CARDS) if default_cards else []) + [parse_card(c) for c in cards]
     if not chosen:
         raise JaxfitError("no cards to plan for: give --card NAME=SIZE or drop --no-default-cards")
-    meshes = [
-        MeshSpec(m.devices, m.fsdp, fsdp_min_size).validate()  # what_if lets its cells be mocked
-        for m in meshes_for(devices, list(fsdp) if fsdp is not None else None)
-    ]
+    names = [c.name for c in chosen]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise JaxfitError(f"--card {repeated[0]} is given twice; give each card once (or name them apart)")
     options.validate()
     options.grid()
-    parsed_overrides = parse_overrides(overrides)
-    name = example or DEFAULT_EXAMPLE
-    example_source(name, parsed_overrides)  # a bad example or key fails now, before any compile
+    source_for: Callable[[MeshSpec], Source]
+    if script:
+        from jaxfit.plan.script import default_device_counts, script_meshes, source_for_mesh
 
-    def source_for(mesh: MeshSpec) -> Source:
-        return entry_source(entry, mesh=mesh) if entry else example_source(name, parsed_overrides, mesh)
+        base = probe.source()
+        meshes = script_meshes(base, devices or default_device_counts(), fsdp, fsdp_flag)
+        set_fsdp = fsdp is not None
+
+        def source_for(mesh: MeshSpec) -> Source:
+            return source_for_mesh(base, mesh, fsdp_flag, set_fsdp)
+
+        what = shlex.join(base.run_command)
+    else:
+        meshes = [
+            MeshSpec(m.devices, m.fsdp, fsdp_min_size).validate()  # what_if lets its cells be mocked
+            for m in meshes_for(devices or (1, 2, 4), list(fsdp) if fsdp is not None else None)
+        ]
+        parsed_overrides = parse_overrides(overrides)
+        name = example or DEFAULT_EXAMPLE
+        example_source(name, parsed_overrides)  # a bad example or key fails now, before any compile
+
+        def source_for(mesh: MeshSpec) -> Source:
+            return entry_source(entry, mesh=mesh) if entry else example_source(name, parsed_overrides, mesh)
+
+        what = f"--entry {entry}" if entry else f"--example {name}"
 
     err = Console(stderr=True)
 
@@ -95,6 +135,8 @@ def plan_command(
             if cell.batch_size is not None
             else STATUS_TEXT[cell.status]
         )
+        if cell.fraction is not None:
+            answer += f"; batch {cell.fraction_batch} needs fraction {cell.fraction:g}"
         err.print(
             f"[{index}/{total}] {cell.card} x {cell.devices} (fsdp {cell.fsdp}): {answer} "
             f"[dim]({STATUS_TEXT[cell.status]}, {cell.seconds:.1f} s)[/]",
@@ -111,9 +153,16 @@ def plan_command(
 
     if not quiet:
         err.print(f"[dim]{len(chosen) * len(meshes)} cells: {len(chosen)} cards x {len(meshes)} meshes[/]")
-    result = what_if(source_for, chosen, meshes, options, progress, fit_progress)
+    result = what_if(source_for, chosen, meshes, options, progress, fit_progress, batch_size=batch_size)
+    if not result.computed:
+        reasons = sorted({c.note for c in result.cells})
+        raise JaxfitError(f"no cell of the plan can be computed here: {reasons[0]}")
     if json:
         write_json(json, result.to_dict())
+    if markdown:
+        from jaxfit.plan.markdown import requirements_page
+
+        write_text(markdown, requirements_page(result, what=what, command=["jaxfit", *sys.argv[1:]]))
     Console().print(plan_table(result))
     notes = sorted({c.note for c in result.cells if c.status in ("does not fit", "not available")})
     for note in notes:

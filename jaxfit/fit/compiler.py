@@ -144,6 +144,7 @@ def launch_for(source: Source, python: str = sys.executable) -> tuple[list[str],
         "WANDB_MODE": "disabled",  # the probe never trains, so it must not create a tracked run
         **probe_environment(),  # inside a fit: record what the script creates (jaxfit.fit.leftovers)
     }
+    extra.update(source.env)  # the devices a plan's cell gives it
     if not source.step_name:
         extra["JAXFIT_PROBE_STEP_AUTO"] = "1"
     if source.batch_size:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxfit._probe.jaxfit_pin import PIN_ENV, REPORT_ENV, load_pin
+from jaxfit.errors import ConfigError
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.cache import default_cache_path
 from jaxfit.fit.command import PROBE_DIR
@@ -289,8 +290,8 @@ def _describe(
 
     try:
         write_json(folder / PIN_FILE, data)
-    except OSError as e:
-        return None, f"not pinned: cannot write {folder / PIN_FILE}: {e.strerror or e}"
+    except (OSError, ConfigError) as e:
+        return None, f"not pinned: cannot write {folder / PIN_FILE}: {getattr(e, 'strerror', None) or e}"
     return pin, note
 
 
@@ -318,7 +319,7 @@ def rehome(pin: Pin | None, key: str | None) -> Pin | None:
         from jaxfit.files import write_json
 
         write_json(target / PIN_FILE, data)
-    except OSError:
+    except (OSError, ConfigError):
         return pin
     return moved
 

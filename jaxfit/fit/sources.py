@@ -135,6 +135,9 @@ class ScriptSource:
         arguments), or None.
       batch_arg: Which positional argument of the step is the batch (None: found by shape).
       cwd: The folder the command runs in.
+      env: Environment variables set for the script on top of jaxfit's own (``jaxfit plan
+        --script`` gives each device count its devices: CUDA_VISIBLE_DEVICES on GPUs, host devices
+        through XLA_FLAGS on a CPU).
     """
 
     command: tuple[str, ...]
@@ -145,6 +148,7 @@ class ScriptSource:
     batch_size: int | None = None
     batch_arg: int | None = None
     cwd: str = "."
+    env: tuple[tuple[str, str], ...] = ()
     kind: ClassVar[Literal["script"]] = "script"
 
     def identity(self) -> dict[str, Any]:
@@ -164,7 +168,7 @@ class ScriptSource:
             **dataclasses.asdict(self),
             "cwd": os.path.realpath(self.cwd),
             "program": os.path.realpath(os.path.join(self.cwd, program)) if program else "",
-            "env": script_environment(),
+            "env": {**script_environment(), **dict(self.env)},
         }
 
     def with_command(self, run_command: list[str] | tuple[str, ...], batch_size: int | None) -> ScriptSource:
@@ -234,7 +238,7 @@ def from_json(text: str) -> Source:
     fields = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
     if isinstance(fields.get("mesh"), dict):
         fields["mesh"] = MeshSpec(**fields["mesh"])
-    for name in ("overrides", "command", "run_command"):
+    for name in ("overrides", "command", "run_command", "env"):
         if name in fields:
             fields[name] = tuple(tuple(x) if isinstance(x, list) else x for x in fields[name])
     return cls(**fields)

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from jaxfit.errors import ConfigError, DoesNotFitError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.batch import fit_batch
+from jaxfit.fit.breakdown import Component, by_category
+from jaxfit.fit.fraction import fit_fraction
 from jaxfit.fit.mesh import MeshSpec, divisors
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.results import FitResult
@@ -74,6 +76,14 @@ class Cell:
       note: Why a cell has no answer, or the fit's message.
       seconds: Wall time of the cell's fit.
       cached: Answered from jaxfit's cache (the same question fitted before).
+      breakdown: The peak at ``batch_size`` by category (parameters, optimizer state, other state,
+        batch, gradients, activations and workspace), bytes per device; empty when not known.
+      process_overhead_bytes: What a process holds on the GPU outside the pool (CUDA context,
+        libraries), measured; None on a CPU or when not measured.
+      fraction_batch: The batch the smallest fraction was asked for (``--batch-size``), or None.
+      fraction: The smallest fraction (to 0.01) of the card under which ``fraction_batch``
+        fits, or None (not asked, or it does not fit the whole card).
+      fraction_note: Why ``fraction`` is missing when it was asked for.
     """
 
     card: str
@@ -89,6 +99,11 @@ class Cell:
     note: str = ""
     seconds: float = 0.0
     cached: bool = False
+    breakdown: dict[str, int] = dataclasses.field(default_factory=dict)
+    process_overhead_bytes: int | None = None
+    fraction_batch: int | None = None
+    fraction: float | None = None
+    fraction_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,6 +119,8 @@ class PlanResult:
       device_kind: The device the compiles ran on.
       cells: One per card x mesh, cards in the given order, meshes in the given order.
       wall_seconds: Wall time of the whole table.
+      step: Which function was proven in the first computed cell (``FitResult.step``).
+      jax_version: The jax version that compiled.
     """
 
     workload: str
@@ -111,6 +128,13 @@ class PlanResult:
     device_kind: str
     cells: list[Cell]
     wall_seconds: float
+    step: dict[str, Any] = dataclasses.field(default_factory=dict)
+    jax_version: str = ""
+
+    @property
+    def computed(self) -> list[Cell]:
+        """The cells with an answer (a batch, or "does not fit")."""
+        return [c for c in self.cells if c.status != "not available"]
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "cells": [c.to_dict() for c in self.cells]}
@@ -192,26 +216,34 @@ def what_if(
     options: FitOptions = FitOptions(),
     progress: Callable[[Cell, int, int], None] | None = None,
     fit_progress: Callable[[str, Mapping[str, Any]], None] | None = None,
+    *,
+    batch_size: int | None = None,
 ) -> PlanResult:
     """Fit ``source_for(mesh)`` on every card of ``cards`` for every mesh of ``meshes``.
 
     Each cell is :func:`jaxfit.fit.fit_batch` with ``device_memory_bytes`` set to the card's size:
     on a GPU the compile runs under the limit that card would give at the fraction, on a CPU the
     analysis is compared with that budget. Cells that cannot be answered say why instead of
-    ending the table.
+    ending the table. Every cell's answer is cached as it is found, so a table cut short (Ctrl-C)
+    resumes where it stopped.
 
     Args:
-      source_for: The workload source on a mesh.
+      source_for: The workload source on a mesh; raising
+        :class:`jaxfit.plan.script.CellUnavailable` marks the cell not available here.
       cards: The cards to plan for.
       meshes: The device counts and FSDP sizes.
       options: The fit options (fraction, headroom, bounds, cache) every cell shares.
       progress: Called with ``(cell, index, total)`` after each cell.
       fit_progress: Passed to every cell's fit (its rounds and compiles, as ``jaxfit fit`` shows them).
+      batch_size: Also find, per cell, the smallest fraction of the card under which this global
+        batch fits (:func:`jaxfit.fit.fit_fraction`).
 
     Raises:
       ConfigError: no card or no mesh, bad options, or a workload that cannot be built (the first
         cell says so).
     """
+    from jaxfit.plan.script import CellUnavailable
+
     if not cards:
         raise ConfigError("no cards to plan for: give --card NAME=SIZE or drop --no-default-cards")
     if not meshes:
@@ -219,19 +251,19 @@ def what_if(
     start = time.perf_counter()
     fraction = options.resolved_fraction()
     cells: list[Cell] = []
-    workload, device_kind = "", ""
+    first: FitResult | None = None
     total = len(cards) * len(meshes)
     for card in cards:
         for mesh in meshes:
             cell_start = time.perf_counter()
             base = functools.partial(Cell, card.name, card.total_bytes, mesh.devices, mesh.fsdp)
+            # No program is written: a cell plans a card or mesh, it is not run here.
+            card_options = dataclasses.replace(options, device_memory_bytes=card.total_bytes, pin=False)
             try:
-                result = fit_batch(
-                    source_for(dataclasses.replace(mesh, allow_mock=True)),  # more devices than here: mocked
-                    # No program is written: a cell plans a card or mesh, it is not run here.
-                    dataclasses.replace(options, device_memory_bytes=card.total_bytes, pin=False),
-                    progress=fit_progress,
-                )
+                source = source_for(dataclasses.replace(mesh, allow_mock=True))  # more devices than here: mocked
+                result = fit_batch(source, card_options, progress=fit_progress)
+            except CellUnavailable as e:
+                cell = base(status="not available", note=str(e))
             except DoesNotFitError as e:
                 cell = base(status="does not fit", note=str(e))
             except ConfigError as e:
@@ -239,8 +271,7 @@ def what_if(
                     raise
                 cell = base(status="not available", note=str(e))
             else:
-                workload = workload or str(result.workload.get("name", ""))
-                device_kind = device_kind or str(result.device.get("device_kind", ""))
+                first = first or result
                 cell = base(
                     status=_status(result),
                     batch_size=result.batch_size,
@@ -250,9 +281,42 @@ def what_if(
                     outcome=result.outcome,
                     note=result.message,
                     cached=result.cached,
+                    breakdown=by_category([Component(**c) for c in result.breakdown]),
+                    process_overhead_bytes=result.process_overhead_bytes,
                 )
+            if batch_size is not None and cell.status != "not available":
+                cell = _with_fraction(cell, source, batch_size, card_options, fit_progress)
             cell = dataclasses.replace(cell, seconds=round(time.perf_counter() - cell_start, 2))
             cells.append(cell)
             if progress is not None:
                 progress(cell, len(cells), total)
-    return PlanResult(workload, fraction, device_kind, cells, round(time.perf_counter() - start, 2))
+    return PlanResult(
+        str(first.workload.get("name", "")) if first else "",
+        fraction,
+        str(first.device.get("device_kind", "")) if first else "",
+        cells,
+        round(time.perf_counter() - start, 2),
+        step=first.step if first else {},
+        jax_version=str(first.device.get("jax_version", "")) if first else "",
+    )
+
+
+def _with_fraction(
+    cell: Cell,
+    source: Source,
+    batch_size: int,
+    options: FitOptions,
+    fit_progress: Callable[[str, Mapping[str, Any]], None] | None,
+) -> Cell:
+    """``cell`` with the smallest fraction of its card for ``batch_size`` (or why there is none)."""
+    if batch_size % cell.devices:
+        return dataclasses.replace(
+            cell,
+            fraction_batch=batch_size,
+            fraction_note=f"batch {batch_size} does not split over {cell.devices} devices",
+        )
+    try:
+        found = fit_fraction(source, batch_size, options, progress=fit_progress)
+    except DoesNotFitError as e:
+        return dataclasses.replace(cell, fraction_batch=batch_size, fraction_note=str(e))
+    return dataclasses.replace(cell, fraction_batch=batch_size, fraction=found.mem_fraction)

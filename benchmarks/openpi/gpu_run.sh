@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# A real run of openpi's train.py at a fitted answer, and the next batch up, on the GPU machine:
+#   bash benchmarks/openpi/gpu_run.sh CONFIG CARD BATCH [openpi train.py flags ...]
+# e.g. bash benchmarks/openpi/gpu_run.sh pi0_libero_low_mem_finetune 48GiB 118
+# 1. set-up as gpu_fit.sh (wheels, patched openpi, preflight: gpu_setup.sh);
+# 2. jaxfit run --device-memory CARD --mem-fraction $FRACTION --min-batch BATCH --max-batch BATCH+1:
+#    the fit proves BATCH fits and BATCH+1 does not (untuned, then autotuned), pins BATCH's program,
+#    and runs openpi's train.py at BATCH for ${STEPS:-3} steps under the limit of the planned card
+#    (on a larger GPU: the fraction of it that gives that limit); JSON: $OUT/CONFIG-CARD-run.json;
+# 3. jaxfit run --batch-size BATCH+1 --mem-fraction $FRACTION --device-memory CARD (nothing fitted,
+#    nothing pinned: the plain run of the next batch up); JSON: $OUT/CONFIG-CARD-up.json;
+# nvidia-smi samples the GPU's used memory every second into $OUT/CONFIG-CARD-smi.csv throughout.
+set -uo pipefail
+CONFIG=${1:?usage: gpu_run.sh CONFIG CARD BATCH [train.py flags]}
+CARD=${2:?usage: gpu_run.sh CONFIG CARD BATCH [train.py flags]}
+BATCH=${3:?usage: gpu_run.sh CONFIG CARD BATCH [train.py flags]}
+shift 3
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/openpi-fit}
+SITE=${SITE:-/tmp/site}
+OPENPI_DIR=${OPENPI_DIR:-/tmp/openpi}
+FRACTION=${FRACTION:-0.9}
+BUDGET_S=${BUDGET_S:-560}
+STEPS=${STEPS:-3}
+START=$(date +%s)
+mkdir -p "$OUT"
+TAG="$CONFIG-$CARD"
+exec > >(tee -a "$OUT/$TAG-run.log") 2>&1
+cd "$REPO" || exit 2
+echo "== gpu_run $TAG batch $BATCH: $(date -u +%FT%TZ) on $(hostname)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+. "$REPO/benchmarks/openpi/gpu_setup.sh" || exit $?
+nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader -l 1 >"$OUT/$TAG-smi.csv" 2>&1 &
+SMI=$!
+trap 'kill $SMI 2>/dev/null' EXIT
+WORK=${WORK:-/tmp/openpi-work}
+mkdir -p "$WORK" && cd "$WORK" || exit 2
+openpi=(python3 "$REPO/benchmarks/openpi/train_fake.py" "$CONFIG" --checkpoint-base-dir="${CKPT_DIR:-/tmp/openpi-ckpt}"
+  --no-wandb-enabled --num-train-steps="$STEPS" --overwrite "$@")
+
+LEFT=$((BUDGET_S - ($(date +%s) - START)))
+echo "== $(date -u +%T) jaxfit run: fit $BATCH..$((BATCH + 1)) then run $STEPS steps ($CONFIG, card $CARD, fraction $FRACTION; ${LEFT} s left)"
+timeout --signal=TERM --kill-after=20 "$LEFT" \
+  python3 -m jaxfit.cli run --mem-fraction "$FRACTION" --device-memory "$CARD" --min-batch "$BATCH" --max-batch $((BATCH + 1)) \
+  --probe-timeout "$LEFT" --json "$OUT/$TAG-run.json" \
+  --probe-arg=--checkpoint-base-dir=/tmp/openpi-probe-ckpt -- "${openpi[@]}" --exp-name=run
+RC=$?
+echo "== $(date -u +%T) fitted run: exit $RC after $(($(date +%s) - START)) s"
+
+LEFT=$((BUDGET_S - ($(date +%s) - START)))
+echo "== $(date -u +%T) jaxfit run --batch-size $((BATCH + 1)) (plain; ${LEFT} s left)"
+timeout --signal=TERM --kill-after=20 "$LEFT" \
+  python3 -m jaxfit.cli run --batch-size $((BATCH + 1)) --mem-fraction "$FRACTION" --device-memory "$CARD" \
+  --json "$OUT/$TAG-up.json" -- "${openpi[@]}" --exp-name=up
+RC=$?
+echo "== $(date -u +%T) next batch up: exit $RC after $(($(date +%s) - START)) s"

@@ -1,0 +1,106 @@
+"""``jaxfit plan --script``: one probed script per device count and FSDP size.
+
+An unmodified script builds its own mesh from the devices it sees (openpi: ``jax.device_count()``
+devices, ``--fsdp-devices`` of them sharding the state). So a cell of the what-if table is the same
+command run with
+
+- its **devices**: the first N visible GPUs (``CUDA_VISIBLE_DEVICES``), or N host devices
+  (``--xla_force_host_platform_device_count``) on a machine without GPUs;
+- its **FSDP size**: the script's own flag (``--fsdp-flag``, openpi's ``--fsdp-devices``) set to
+  the size, when sizes are asked for; otherwise the command's own value, untouched.
+
+A cell needing more GPUs than this machine shows is not available here: a script runs its own
+start-up (openpi initialises its parameters on the devices), which a mocked topology cannot run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Sequence
+
+from jaxfit.errors import ConfigError
+from jaxfit.fit.command import batch_value, with_batch
+from jaxfit.fit.devices import detect_gpus, visible_entry
+from jaxfit.fit.mesh import HOST_COUNT_FLAG, MeshSpec
+from jaxfit.fit.sources import ScriptSource
+
+DEFAULT_FSDP_FLAG = "--fsdp-devices"
+"""openpi's (and scripts/train.py's) FSDP flag."""
+
+
+class CellUnavailable(ConfigError):
+    """A cell this machine cannot compute (it says why); the table keeps going."""
+
+
+def gpus_here() -> int:
+    """The GPUs a script started from here would see (0 on a machine without them, or with
+    ``JAX_PLATFORMS=cpu``)."""
+    if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
+        return 0
+    return len(detect_gpus())
+
+
+def default_device_counts() -> tuple[int, ...]:
+    """1, 2, 4 and 8 up to the GPUs this machine shows (1 without GPUs)."""
+    gpus = max(1, gpus_here())
+    return tuple(d for d in (1, 2, 4, 8) if d <= gpus) or (1,)
+
+
+def device_environment(devices: int) -> dict[str, str]:
+    """The variables that make a script see ``devices`` devices: the first ``devices`` visible GPUs,
+    or, without GPUs, that many host devices (other XLA flags kept).
+
+    Raises:
+      CellUnavailable: more GPUs than this machine shows.
+    """
+    gpus = gpus_here()
+    if gpus:
+        if devices > gpus:
+            raise CellUnavailable(
+                f"{devices} GPUs: this machine shows {gpus}; a script runs its own start-up on its "
+                f"devices, so plan {devices} on a machine with {devices} GPUs"
+            )
+        return {"CUDA_VISIBLE_DEVICES": ",".join(visible_entry(i) for i in range(devices))}
+    flags = re.sub(re.escape(HOST_COUNT_FLAG) + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
+    return {"XLA_FLAGS": " ".join([*flags, f"{HOST_COUNT_FLAG}={devices}"]), "JAX_PLATFORMS": "cpu"}
+
+
+def source_for_mesh(source: ScriptSource, mesh: MeshSpec, fsdp_flag: str, set_fsdp: bool) -> ScriptSource:
+    """``source`` on ``mesh``: its devices (:func:`device_environment`) and, with ``set_fsdp``, its
+    FSDP flag set to ``mesh.fsdp``.
+
+    Raises:
+      CellUnavailable: the devices are not here.
+    """
+    env = device_environment(mesh.devices)
+    command = source.run_command
+    if set_fsdp:
+        command = tuple(with_batch(command, fsdp_flag, mesh.fsdp))
+    return dataclasses.replace(source.with_command(command, source.batch_size), env=tuple(sorted(env.items())))
+
+
+def script_meshes(
+    source: ScriptSource, device_counts: Sequence[int], fsdp_sizes: Sequence[int] | None, fsdp_flag: str
+) -> list[MeshSpec]:
+    """The meshes to plan: each device count with each FSDP size that divides it; without sizes,
+    the FSDP size of the command itself (``fsdp_flag``'s value, else 1) where it divides the count.
+
+    Raises:
+      ConfigError: a bad FSDP flag, no count, or no size that divides any count.
+    """
+    from jaxfit.plan.whatif import meshes_for
+
+    if not fsdp_flag.startswith("-") or "=" in fsdp_flag or " " in fsdp_flag:
+        raise ConfigError(f"--fsdp-flag {fsdp_flag!r} must be a flag name, e.g. --fsdp-flag=--fsdp-devices")
+    if fsdp_sizes is None:
+        own = batch_value(source.run_command, fsdp_flag) or 1
+        usable = [d for d in device_counts if d % own == 0]
+        if device_counts and not usable:
+            raise ConfigError(
+                f"the command's {fsdp_flag}={own} divides none of --devices {' '.join(map(str, device_counts))}; "
+                f"plan device counts that {own} divides"
+            )
+        return meshes_for(usable or device_counts, [own])
+    return meshes_for(device_counts, fsdp_sizes)
