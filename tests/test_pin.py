@@ -246,3 +246,20 @@ def test_a_pin_that_cannot_be_read_stops_the_script_in_one_line(tmp_path, damage
     assert proc.returncode == 2 and "trained" not in proc.stdout, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("jaxfit: error:")]
     assert len(lines) == 1 and f"JAXFIT_PIN={pin} cannot be read" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_a_pin_written_without_the_cache_survives_a_script_run_in_the_temp_folder():
+    """With --no-cache the pin lives in the temp folder; a script whose working folder is that same
+    folder must not have it removed as something its start-up created (it was, and the run then
+    compiled its own program)."""
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "CUDA_VISIBLE_DEVICES")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", "run", "--mem-fraction", "0.5", "--max-batch", "32", "--no-cache", "--",
+         sys.executable, str(FIXTURES / "mini_train.py"), "--steps", "1"],
+        capture_output=True, text=True, env=env, cwd=tempfile.gettempdir(), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "ran the proven program" in proc.stderr, proc.stderr

@@ -528,6 +528,10 @@ class Server:
             from jax.experimental import serialize_executable
 
             payload = serialize_executable.serialize(compiled)[0]
+            try:  # the devices it runs on, in order: loading it on all of them would fail to run
+                devices = [int(d.id) for d in compiled.runtime_executable().local_devices()]
+            except Exception:
+                devices = None
             tmp = "%s.%d.tmp" % (path, os.getpid())
             with open(tmp, "wb") as f:
                 f.write(payload)
@@ -540,6 +544,7 @@ class Server:
                 "memory": memory,
                 "recompiled": recompiled,
                 "bytes": len(payload),
+                "execution_devices": devices,
                 "xla_flags": os.environ.get("XLA_FLAGS", ""),
                 "seconds": time.perf_counter() - start,
             }

@@ -120,6 +120,22 @@ def _mismatch(pin: Dict[str, Any], fingerprint: str) -> Optional[str]:
     return None
 
 
+def _execution_devices(pin: Dict[str, Any]) -> Any:
+    """The devices the proven program runs on, in its order (a one-device step of a script that
+    sees several devices runs on one): by id among this process's devices; None for a pin that did
+    not record them (loaded on every device, as jax does by default)."""
+    ids = pin.get("execution_devices")
+    if not ids:
+        return None
+    import jax
+
+    by_id = {d.id: d for d in jax.devices()}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise RuntimeError("the proven program ran on devices %s, which this process does not have" % missing)
+    return [by_id[i] for i in ids]
+
+
 def _check_whole(pin: Dict[str, Any], payload: bytes) -> None:
     """Raise ValueError when the executable is not the one the fit wrote (its size and SHA-256, when
     the pin records them: older pins do not)."""
@@ -238,8 +254,14 @@ class PinnedStep:
                 with open(os.path.join(folder, pin.get("executable", "executable.bin")), "rb") as f:
                     payload = f.read()
                 _check_whole(pin, payload)
+                devices = _execution_devices(pin)
                 with server_mod.runtime_typechecks_off():  # it rebuilds the argument pytrees too
-                    compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
+                    if devices is None:
+                        compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
+                    else:
+                        compiled = serialize_executable.deserialize_and_load(
+                            payload, lowered.in_tree, lowered.out_tree, execution_devices=devices
+                        )
             except Exception as e:  # a truncated or foreign file: compile as usual, checked
                 reason = "the pinned executable could not be loaded (%s: %s)" % (type(e).__name__, _first_line(e))
             else:

@@ -16,6 +16,7 @@ def run_command(
     probe: Annotated[ScriptArgs, Flat] = ScriptArgs(),
     batch_size: int | None = None,
     global_batch: int | None = None,
+    gpus: int | None = None,
     wandb_mode: WandbMode | None = None,
     dry_run: bool = False,
     json: str | None = None,
@@ -36,6 +37,7 @@ def run_command(
         probe: How to find the train step.
         batch_size: Run at this batch instead of the largest that fits.
         global_batch: Keep this many samples per optimizer step: the batch flag gets this value and --grad-accum-steps splits it into micro-batches of at most --batch-size (or the largest that fits), fewest steps first; the accumulated step is compiled to prove it fits (the script must take --grad-accum-steps, as openpi-style scripts and scripts/train.py do).
+        gpus: Let the fit and the run see this many GPUs and no other (CUDA_VISIBLE_DEVICES: those with the least memory in use; without GPUs, host devices). JAX preallocates on every GPU it sees, so a one-GPU run on a four-GPU host takes memory on all four unless it is given --gpus 1; an FSDP run over N GPUs: --gpus N. Default: the devices visible now.
         wandb_mode: Set WANDB_MODE for the command: online, offline or disabled (default: leave it as it is).
         dry_run: Print the command and environment that would run, and stop.
         json: Write the plan (command, settings, and the fit when there was one) to this file before the command starts.
@@ -47,6 +49,14 @@ def run_command(
 
     if json:
         check_writable(json)
+    visible: dict[str, str] = {}
+    if gpus is not None:
+        import os
+
+        from jaxfit.fit.devices import devices_environment
+
+        visible = devices_environment(gpus, least_used=True)
+        os.environ.update(visible)  # the probe, the fit's children and the run all see only these
     out, progress = consoles(quiet)
     plan = plan_run(
         probe.source(),
@@ -56,6 +66,10 @@ def run_command(
         global_batch=global_batch,
         progress=progress,
     )
+    if visible:
+        import dataclasses
+
+        plan = dataclasses.replace(plan, env={**visible, **plan.env}, settings={**plan.settings, "gpus": gpus})
     err = Console(stderr=True)
     err.print(f"[bold]jaxfit run:[/] {plan.summary()}", highlight=False)
     if json:

@@ -14,6 +14,7 @@ from jaxfit.errors import CompileError, JaxfitError
 from jaxfit.fit.cache import default_cache_path
 from jaxfit.fit.compiler import CompileOutcome, DeviceInfo
 from jaxfit.fit.leftovers import cleaned
+from jaxfit.fit.pin import pins_root
 from jaxfit.fit.results import FitResult
 from jaxfit.fit.sources import ScriptSource, Source
 
@@ -101,7 +102,7 @@ def cleaning_probe_leftovers(fit: Callable[..., FitResult]) -> Callable[..., Fit
         if not isinstance(source, ScriptSource):
             return fit(source, *args, progress=progress, **kwargs)
         try:
-            with cleaned(source.cwd, exclude=(default_cache_path().parent,)) as left:
+            with cleaned(source.cwd, exclude=(default_cache_path().parent, pins_root(use_cache=False))) as left:
                 result = fit(source, *args, progress=progress, **kwargs)
         except JaxfitError as err:
             said = left.message()

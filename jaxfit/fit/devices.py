@@ -16,10 +16,12 @@ class GPU:
     Attributes:
       index: The device index (as in ``CUDA_VISIBLE_DEVICES``).
       total_bytes: The device's total memory as CUDA reports it (the base of every fraction).
+      used_bytes: Memory in use on it when it was read (nvidia-smi), by any process.
     """
 
     index: int
     total_bytes: int
+    used_bytes: int = 0
 
 
 def gpu_table(query: str, *, units: bool = True) -> str | None:
@@ -45,16 +47,16 @@ def detect_gpus() -> list[GPU]:
     Respects ``CUDA_VISIBLE_DEVICES`` (numeric indices or UUID prefixes; empty or ``-1``: none).
     Without ``nvidia-smi``, or when it fails: none.
     """
-    out = gpu_table("index,uuid,memory.total", units=False)
+    out = gpu_table("index,uuid,memory.total,memory.used", units=False)
     if out is None:
         return []
-    physical: list[tuple[str, str, int]] = []
+    physical: list[tuple[str, str, int, int]] = []
     for line in out.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 3:
+        if len(parts) != 4:
             continue
         try:
-            physical.append((parts[0], parts[1], int(float(parts[2])) << 20))  # MiB
+            physical.append((parts[0], parts[1], int(float(parts[2])) << 20, int(float(parts[3])) << 20))  # MiB
         except ValueError:
             continue
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -69,7 +71,40 @@ def detect_gpus() -> list[GPU]:
             if not match:
                 break
             chosen.append(match[0])
-    return [GPU(index=i, total_bytes=total) for i, (_, _, total) in enumerate(chosen)]
+    return [GPU(index=i, total_bytes=total, used_bytes=used) for i, (_, _, total, used) in enumerate(chosen)]
+
+
+def gpus_here() -> int:
+    """The GPUs a process started from here would see (0 without them, or with ``JAX_PLATFORMS=cpu``)."""
+    if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
+        return 0
+    return len(detect_gpus())
+
+
+def devices_environment(count: int, *, least_used: bool = False, flag: str = "--gpus") -> dict[str, str]:
+    """The variables that make a process see ``count`` devices and no other: ``count`` of the
+    visible GPUs (the first ones, or with ``least_used`` those with the least memory in use, so a
+    run does not land beside another), or on a machine without GPUs ``count`` host devices
+    (``--xla_force_host_platform_device_count``, other XLA flags kept). JAX preallocates on every
+    GPU it sees: a one-GPU run on a four-GPU host must see one (openpi #327).
+
+    Raises:
+      ConfigError: ``count`` below 1, or more GPUs than are visible (naming ``flag``).
+    """
+    from jaxfit.errors import ConfigError
+
+    if count < 1:
+        raise ConfigError(f"{flag} {count} must be at least 1")
+    gpus = [] if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(",") else detect_gpus()
+    if gpus:
+        if count > len(gpus):
+            raise ConfigError(f"{flag} {count}: this machine shows {len(gpus)} GPUs; use {len(gpus)} or fewer")
+        order = sorted(gpus, key=lambda g: (g.used_bytes, g.index)) if least_used else gpus
+        positions = sorted(g.index for g in order[:count])
+        return {"CUDA_VISIBLE_DEVICES": ",".join(visible_entry(i) for i in positions)}
+    host_flag = "--xla_force_host_platform_device_count"
+    flags = re.sub(re.escape(host_flag) + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
+    return {"XLA_FLAGS": " ".join([*flags, f"{host_flag}={count}"]), "JAX_PLATFORMS": "cpu"}
 
 
 def visible_entry(position: int) -> str:

@@ -282,6 +282,7 @@ def _describe(
         "platform": info.platform,
         "device_kind": info.device_kind,
         "device_count": info.device_count,
+        "execution_devices": reply.get("execution_devices"),
         "workload": child.workload_info.get("name"),
         "question_key": key,
         "created_at": time.time(),

@@ -16,14 +16,12 @@ start-up (openpi initialises its parameters on the devices), which a mocked topo
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 from collections.abc import Sequence
 
 from jaxfit.errors import ConfigError
 from jaxfit.fit.command import batch_value, with_batch
-from jaxfit.fit.devices import detect_gpus, visible_entry
-from jaxfit.fit.mesh import HOST_COUNT_FLAG, MeshSpec
+from jaxfit.fit.devices import devices_environment, gpus_here
+from jaxfit.fit.mesh import MeshSpec
 from jaxfit.fit.sources import ScriptSource
 
 DEFAULT_FSDP_FLAG = "--fsdp-devices"
@@ -34,14 +32,6 @@ class CellUnavailable(ConfigError):
     """A cell this machine cannot compute (it says why); the table keeps going."""
 
 
-def gpus_here() -> int:
-    """The GPUs a script started from here would see (0 on a machine without them, or with
-    ``JAX_PLATFORMS=cpu``)."""
-    if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
-        return 0
-    return len(detect_gpus())
-
-
 def default_device_counts() -> tuple[int, ...]:
     """1, 2, 4 and 8 up to the GPUs this machine shows (1 without GPUs)."""
     gpus = max(1, gpus_here())
@@ -49,22 +39,17 @@ def default_device_counts() -> tuple[int, ...]:
 
 
 def device_environment(devices: int) -> dict[str, str]:
-    """The variables that make a script see ``devices`` devices: the first ``devices`` visible GPUs,
-    or, without GPUs, that many host devices (other XLA flags kept).
+    """The variables that make a script see ``devices`` devices (:func:`devices_environment`).
 
     Raises:
       CellUnavailable: more GPUs than this machine shows.
     """
-    gpus = gpus_here()
-    if gpus:
-        if devices > gpus:
-            raise CellUnavailable(
-                f"{devices} GPUs: this machine shows {gpus}; a script runs its own start-up on its "
-                f"devices, so plan {devices} on a machine with {devices} GPUs"
-            )
-        return {"CUDA_VISIBLE_DEVICES": ",".join(visible_entry(i) for i in range(devices))}
-    flags = re.sub(re.escape(HOST_COUNT_FLAG) + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
-    return {"XLA_FLAGS": " ".join([*flags, f"{HOST_COUNT_FLAG}={devices}"]), "JAX_PLATFORMS": "cpu"}
+    try:
+        return devices_environment(devices, flag="--devices")
+    except ConfigError as e:
+        raise CellUnavailable(
+            f"{e}; a script runs its own start-up on its devices, so plan {devices} on a machine with {devices} GPUs"
+        ) from None
 
 
 def source_for_mesh(source: ScriptSource, mesh: MeshSpec, fsdp_flag: str, set_fsdp: bool) -> ScriptSource:
