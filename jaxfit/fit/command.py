@@ -7,6 +7,7 @@ Part of the fit layer (``jaxfit fit --script`` checks the flag as ``jaxfit run``
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -124,6 +125,9 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
                 f"`{shlex.join(command)} --help` failed (exit code {code}) before printing a help text: {said}; "
                 "check that the command runs"
             )
+        unknown = _unknown_choice(command, output)
+        if unknown:
+            raise ConfigError(unknown)
         if fix is None and flag == DEFAULT_BATCH_FLAG:
             fix = f"pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs), or put {flag}=N in the command"
         elif fix is None:
@@ -132,6 +136,22 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
                 f"config flags), put {flag}=N in the command"
             )
         raise ConfigError(f"the command's --help does not mention {flag}; {fix}")
+
+
+def _unknown_choice(command: Sequence[str], output: str) -> str | None:
+    """When the help lists the script's choices (``{debug,pi0_libero,...}``: tyro subcommands, as
+    openpi's config names are) and the command names none of them, say so: such a script prints
+    its top-level help, without the config's flags, for a name it does not have."""
+    match = re.search(r"\{([\w.-]+(?:,[\w.-]+)+)\}", output)
+    if match is None:
+        return None
+    choices = match.group(1).split(",")
+    script = next((i for i, a in enumerate(command) if a.endswith(".py")), 0)
+    words = [a for a in command[script + 1 :] if not a.startswith("-")]
+    if not words or any(w in choices for w in words):
+        return None
+    shown = ", ".join(choices[:8]) + (f" and {len(choices) - 8} more" if len(choices) > 8 else "")
+    return f"the script has no {words[0]!r}: its --help lists {shown}; check the name in the command"
 
 
 def _telling_line(output: str) -> str:

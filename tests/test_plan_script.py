@@ -1,0 +1,180 @@
+"""``jaxfit plan --script``: an unmodified script planned per card x device count x FSDP size, each
+cell a real probe of the script with its devices (host devices here) and its FSDP flag."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import FIXTURES, REPO, error_line
+
+from jaxfit.fit.mesh import MeshSpec
+from jaxfit.fit.sources import script_source
+from jaxfit.plan.script import CellUnavailable, script_meshes, source_for_mesh
+from jaxfit.plan.whatif import Card, what_if
+
+TRAIN = str(REPO / "scripts" / "train.py")
+SHAPED = str(FIXTURES / "shaped_train.py")
+DEBUG = [sys.executable, TRAIN, "debug", "--exp-name=plan"]
+
+
+def test_script_meshes_and_the_environment_of_each_cell(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    source = script_source([*DEBUG, "--fsdp-devices=2"])
+    # without --fsdp: the command's own FSDP size, on the counts it divides
+    assert script_meshes(source, [1, 2, 4], None, "--fsdp-devices") == [MeshSpec(2, 2), MeshSpec(4, 2)]
+    assert script_meshes(source, [4], [1, 4], "--fsdp-devices") == [MeshSpec(4, 1), MeshSpec(4, 4)]
+    cell = source_for_mesh(source, MeshSpec(4, 4), "--fsdp-devices", set_fsdp=True)
+    assert cell.run_command[-1] == "--fsdp-devices=4" and "--fsdp-devices=2" not in cell.run_command
+    assert dict(cell.env)["XLA_FLAGS"].endswith("--xla_force_host_platform_device_count=4")
+    assert cell.identity() != source_for_mesh(source, MeshSpec(2, 2), "--fsdp-devices", True).identity()
+    with pytest.raises(Exception, match="divides none of --devices 1 3"):
+        script_meshes(source, [1, 3], None, "--fsdp-devices")
+    with pytest.raises(Exception, match="--fsdp-flag 'fsdp' must be a flag name"):
+        script_meshes(source, [1], None, "fsdp")
+
+
+def test_a_plan_whose_cells_are_all_unavailable_has_nothing_computed():
+    def unavailable(mesh: MeshSpec):
+        raise CellUnavailable(f"{mesh.devices} GPUs: this machine shows 1")
+
+    result = what_if(unavailable, [Card("A", 2**30)], [MeshSpec(2, 1)])
+    assert not result.computed and result.cells[0].status == "not available"
+    assert result.cells[0].note == "2 GPUs: this machine shows 1"
+
+
+@pytest.mark.slow
+def test_plan_script_writes_table_json_and_markdown_and_agrees_with_fit(run_cli, tmp_path, isolated_cache):
+    out, page = tmp_path / "plan.json", tmp_path / "HARDWARE.md"
+    proc = run_cli(
+        "plan", "--script", "--no-default-cards", "--card", "small=4MiB", "--card", "big=64MiB",
+        "--devices", "1", "2", "--max-batch", "64", "--batch-size", "8", "--json", str(out), "--markdown", str(page),
+        "--", *DEBUG,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    cells = {(c["card"], c["devices"]): c for c in data["cells"]}
+    assert set(cells) == {("small", 1), ("big", 1), ("small", 2), ("big", 2)}
+    small, big, small2 = cells[("small", 1)], cells[("big", 1)], cells[("small", 2)]
+    assert small["status"] == "cpu" and small["peak_bytes"] <= small["budget_bytes"] == int(0.45 * 4 * 2**20)
+    assert big["batch_size"] > small["batch_size"]
+    assert small2["batch_size"] % 2 == 0 and small2["batch_size"] >= small["batch_size"]
+    assert small["breakdown"]["parameters"] > 0 and small["breakdown"]["optimizer state"] > 0
+    assert small["fraction_batch"] == 8 and 0 < small["fraction"] <= 1
+    assert data["step"]["name"] == "train_step" and "small" in proc.stdout
+    text = page.read_text()
+    assert text.startswith("# Hardware requirements: `") and "scripts/train.py debug" in text
+    assert "| small (4.00 MiB) |" in text and f"**{small['batch_size']}" in text and "## Reproduce" in text
+    assert "Compiled for CPU devices" in text and "train step `train_step`" in text
+    # the same card, fitted alone, gives the same answer
+    fit = tmp_path / "fit.json"
+    alone = run_cli("fit", "--script", "--device-memory", "4MiB", "--max-batch", "64", "--json", str(fit), "--", *DEBUG)
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(fit.read_text())["batch_size"] == small["batch_size"]
+
+
+@pytest.mark.slow
+def test_plan_script_on_an_openpi_shaped_script(run_cli, tmp_path, isolated_cache):
+    """Type-checked state and step, spawned data-loader workers, --bs as the batch flag."""
+    page = tmp_path / "HW.md"
+    proc = run_cli(
+        "plan", "--script", "--no-default-cards", "--card", "c=64MiB", "--max-batch", "32", "--batch-flag", "--bs",
+        "--markdown", str(page), "--quiet", "--", sys.executable, SHAPED, "--typecheck", "--workers", "spawn",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "### c, 1 device: fits batch" in page.read_text()
+
+
+@pytest.mark.slow
+def test_a_plan_with_no_cell_computable_here_is_one_line(run_cli, tmp_path, monkeypatch, isolated_cache):
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(2**30))  # behave as a 1 GiB GPU
+    page = tmp_path / "HW.md"
+    proc = run_cli(
+        "plan", "--script", "--no-default-cards", "--card", "huge=8GiB", "--markdown", str(page), "--quiet",
+        "--", sys.executable, SHAPED,
+    )  # fmt: skip
+    assert proc.returncode == 2 and error_line(proc).startswith(
+        "jaxfit: error: no cell of the plan can be computed here"
+    )
+    assert not page.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--card", "A=lots"], "--card 'A=lots'"),
+        (["--card", "A=1GiB", "--card", "A=2GiB"], "--card A is given twice"),
+        (["--fsdp-flag", "fsdp", "--fsdp", "1"], "--fsdp-flag 'fsdp' must be a flag name"),
+        (["--batch-size", "0"], "--batch-size 0 must be at least 1"),
+        (["--example", "mlp"], "give one of --example, --entry or --script"),
+    ],
+)
+def test_bad_script_plans_are_one_line(run_cli, args, message):
+    proc = run_cli("plan", "--script", *args, "--", sys.executable, SHAPED)
+    assert proc.returncode == 2 and message in error_line(proc), proc.stderr
+
+
+@pytest.mark.slow
+def test_a_config_the_script_does_not_have_is_one_line(run_cli, isolated_cache):
+    proc = run_cli("plan", "--script", "--no-default-cards", "--card", "c=64MiB", "--", sys.executable, TRAIN, "nosuch")
+    assert proc.returncode == 2 and "the script has no 'nosuch': its --help lists debug" in error_line(proc), proc.stderr
+
+
+@pytest.mark.slow
+def test_a_plan_cut_by_ctrl_c_keeps_its_finished_cells(tmp_path, isolated_cache):
+    """Ctrl-C after the first cell: exit 130, no process of the probe left, and the next plan
+    takes that cell from the cache."""
+    marker = f"JAXFIT_TEST_MARKER={tmp_path.name}"
+    env = dict(os.environ, JAXFIT_TEST_MARKER=tmp_path.name)
+    cards = ["--card", "a=16MiB", "--card", "b=32MiB", "--card", "c=48MiB"]
+    command = [sys.executable, "-m", "jaxfit.cli", "plan", "--script", "--no-default-cards", *cards]
+    command += ["--max-batch", "32", "--json", str(tmp_path / "p.json"), "--", sys.executable, SHAPED]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("[1/3]"):
+                break
+        else:
+            pytest.fail(f"no first cell: {proc.communicate(timeout=30)}")
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=60)
+        assert proc.returncode == 130, rest
+        assert "Traceback" not in rest and not (tmp_path / "p.json").exists()
+        deadline = time.monotonic() + 3
+        while (live := _live(marker)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not live, "a probe outlived jaxfit"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    again = subprocess.run(
+        [*command[:6], "--card", "a=16MiB", "--max-batch", "32", "--json", str(tmp_path / "p.json"), "--",
+         sys.executable, SHAPED],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "p.json").read_text())["cells"][0]["cached"] is True
+
+
+def _live(marker: str) -> list[str]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if marker.encode() in (p / "environ").read_bytes():
+                    out.append(p.name)
+            except OSError:
+                pass
+    return out
