@@ -96,6 +96,15 @@ class MeshArgs:
         return MeshSpec(self.devices, self.fsdp, self.fsdp_min_size).validate()
 
 
+def example_name(example: str | None) -> str:
+    """The example to use: the one named, else the default; an empty name is an error, not the default."""
+    from jaxfit.examples import DEFAULT_EXAMPLE
+
+    if example is not None and not example.strip():
+        raise JaxfitError(f"--example {example!r} names no example; see `jaxfit examples` (default: {DEFAULT_EXAMPLE})")
+    return example or DEFAULT_EXAMPLE
+
+
 def consoles(quiet: bool) -> tuple[Console, ProgressPrinter | None]:
     """The console for results (stdout) and, unless ``quiet``, the progress printer (stderr)."""
     from jaxfit.cli.output import ProgressPrinter

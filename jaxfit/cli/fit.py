@@ -7,7 +7,7 @@ from typing import Annotated
 import tyro
 from rich.console import Console
 
-from jaxfit.cli.app import COMMAND, Flat, MeshArgs, ScriptArgs, WandbMode, app, consoles, parsed
+from jaxfit.cli.app import COMMAND, Flat, MeshArgs, ScriptArgs, WandbMode, app, consoles, example_name, parsed
 from jaxfit.errors import JaxfitError
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.sources import Source
@@ -79,9 +79,9 @@ def fit_command(
     elif entry:
         source = entry_source(entry, mesh=mesh)
     else:
-        from jaxfit.examples import DEFAULT_EXAMPLE, parse_overrides
+        from jaxfit.examples import parse_overrides
 
-        source = example_source(example or DEFAULT_EXAMPLE, parse_overrides(overrides), mesh)
+        source = example_source(example_name(example), parse_overrides(overrides), mesh)
     options.validate()
     if batch_size is None:
         options.grid()

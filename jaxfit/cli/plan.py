@@ -11,7 +11,7 @@ import tyro
 from rich.console import Console
 from rich.table import Table
 
-from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, app, parsed
+from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, app, example_name, parsed
 from jaxfit.errors import JaxfitError
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.mesh import MIN_SHARD_BYTES, MeshSpec
@@ -72,7 +72,7 @@ def plan_command(
         quiet: No progress lines.
     """
     parsed()
-    from jaxfit.examples import DEFAULT_EXAMPLE, parse_overrides
+    from jaxfit.examples import parse_overrides
     from jaxfit.files import check_writable, write_json, write_text
     from jaxfit.fit.sources import Source, entry_source, example_source
     from jaxfit.plan.whatif import DEFAULT_CARDS, meshes_for, parse_card, what_if
@@ -117,7 +117,7 @@ def plan_command(
             for m in meshes_for(devices or (1, 2, 4), list(fsdp) if fsdp is not None else None)
         ]
         parsed_overrides = parse_overrides(overrides)
-        name = example or DEFAULT_EXAMPLE
+        name = example_name(example)
         example_source(name, parsed_overrides)  # a bad example or key fails now, before any compile
 
         def source_for(mesh: MeshSpec) -> Source:
@@ -157,16 +157,18 @@ def plan_command(
     if not result.computed:
         reasons = sorted({c.note for c in result.cells})
         raise JaxfitError(f"no cell of the plan can be computed here: {reasons[0]}")
+    Console().print(plan_table(result))
+    notes = sorted({c.note for c in result.cells if c.status in ("does not fit", "not available")})
+    for note in notes:
+        Console().print(f"[dim]- {note}[/]", highlight=False)
+    # written after the table is shown: a file that cannot be written loses nothing
     if json:
         write_json(json, result.to_dict())
     if markdown:
         from jaxfit.plan.markdown import requirements_page
 
-        write_text(markdown, requirements_page(result, what=what, command=["jaxfit", *sys.argv[1:]]))
-    Console().print(plan_table(result))
-    notes = sorted({c.note for c in result.cells if c.status in ("does not fit", "not available")})
-    for note in notes:
-        Console().print(f"[dim]- {note}[/]", highlight=False)
+        page = requirements_page(result, what=what, command=["jaxfit", *sys.argv[1:]])
+        write_text(markdown, page, flag="--markdown")
 
 
 def plan_table(result: PlanResult) -> Table:

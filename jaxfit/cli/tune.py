@@ -7,7 +7,7 @@ from typing import Annotated
 import tyro
 from rich.console import Console
 
-from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, WandbMode, app, consoles, parsed
+from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, WandbMode, app, consoles, example_name, parsed
 from jaxfit.errors import JaxfitError
 from jaxfit.fit.options import FitOptions
 
@@ -101,14 +101,12 @@ def tune_command(
             raise JaxfitError(
                 "--axis applies to scripts; give a built-in example's choices with --remat and --precision"
             )
-        from jaxfit.examples import DEFAULT_EXAMPLE, parse_overrides
+        from jaxfit.examples import parse_overrides
 
-        target = Target(example=example_source(example or DEFAULT_EXAMPLE, parse_overrides(overrides)))
+        target = Target(example=example_source(example_name(example), parse_overrides(overrides)))
         settings = example_settings(_choices(remat), _choices(precision))
     out, progress = consoles(quiet)
     result = tune(target, settings, options.validate(), tuning, progress=progress)
-    if json:
-        write_json(json, result.to_dict())
     out.print(tune_table(result))
     out.print(f"[bold]{result.message}[/]", highlight=False)
     if result.command:
@@ -129,6 +127,8 @@ def tune_command(
             style="dim",
             highlight=False,
         )
+    if json:  # after the answer is shown: a file that cannot be written loses nothing
+        write_json(json, result.to_dict())
     if png:
         out.print(f"plot: {draw(result, png)}", highlight=False)
     if wandb:

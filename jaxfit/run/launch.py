@@ -178,8 +178,10 @@ def plan_run(
 
 def _check_device_multiple(flag: str, value: int) -> None:
     """A batch the command shards over every visible device must be a positive multiple of their count."""
+    if value < 1:
+        raise ConfigError(f"{flag} {value} must be at least 1")
     devices = visible_device_count()
-    if value < 1 or value % devices:
+    if value % devices:
         raise ConfigError(
             f"{flag} {value} does not divide by the {devices} visible devices; use a multiple of {devices}"
         )
