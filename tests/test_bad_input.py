@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -17,6 +19,13 @@ TRAIN = str(REPO / "scripts" / "train.py")
     "args,message",
     [
         (["fit", "--width", "0"], "--width 0 must be at least 1"),
+        (["fit", "--example", ""], "--example '' names no example; see `jaxfit examples`"),
+        (["plan", "--example", " "], "--example ' ' names no example"),
+        (
+            ["run", "--batch-size", "0", "--mem-fraction", "0.5", "--", sys.executable, SHAPED],
+            "--batch-size 0 must be at least 1",
+        ),
+        (["run", "--gpus", "0", "--batch-size", "8", "--", sys.executable, SHAPED], "--gpus 0 must be at least 1"),
         (["fit", "--width", "-3"], "--width -3 must be at least 1"),
         (["fit", "--script", "--probe-timeout", "-1", "--", sys.executable, SHAPED], "--probe-timeout -1 must be more"),
         (["fit", "--example", "mlp-tiny", "--device-memory", "1KiB"], "more than the whole device (1.00 KiB)"),
@@ -192,3 +201,22 @@ def test_fit_refuses_a_script_without_batch_size_unless_given_its_batch_flag(tmp
         line = error_line(proc)
         assert "does not mention --batch-size; pass --batch-flag=<its batch flag>" in line
         assert "run with:" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_json_that_cannot_be_written_comes_after_the_answer(tmp_path):
+    """A disk that takes no more (RLIMIT_FSIZE: writes past 4 KiB fail as on a full disk): the answer
+    is printed, then one error line, exit 2, and no half-written file is left."""
+    import resource
+
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", "fit", "--example", "mlp-tiny", "--max-batch", "64", "--no-cache",
+         "--json", str(out)],
+        capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "batch 64 fits" in proc.stdout
+    assert error_line(proc) == f"jaxfit: error: --json {out}: cannot write it (File too large)"
+    assert list(tmp_path.iterdir()) == []

@@ -124,7 +124,9 @@ def test_bad_script_plans_are_one_line(run_cli, args, message):
 @pytest.mark.slow
 def test_a_config_the_script_does_not_have_is_one_line(run_cli, isolated_cache):
     proc = run_cli("plan", "--script", "--no-default-cards", "--card", "c=64MiB", "--", sys.executable, TRAIN, "nosuch")
-    assert proc.returncode == 2 and "the script has no 'nosuch': its --help lists debug" in error_line(proc), proc.stderr
+    assert proc.returncode == 2 and "the script has no 'nosuch': its --help lists debug" in error_line(proc), (
+        proc.stderr
+    )
 
 
 @pytest.mark.slow
