@@ -263,3 +263,22 @@ def test_a_pin_written_without_the_cache_survives_a_script_run_in_the_temp_folde
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "ran the proven program" in proc.stderr, proc.stderr
+
+
+def test_run_dry_run_prints_a_line_that_runs_the_proven_program(tmp_path):
+    """The dry run says the program is pinned: the line it prints, pasted into a shell, loads it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "CUDA_VISIBLE_DEVICES")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    mini = str(FIXTURES / "mini_train.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", "run", "--dry-run", "--mem-fraction", "0.5", "--max-batch", "32",
+         "--quiet", "--", sys.executable, mini, "--steps", "1"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "the proven program is pinned" in proc.stderr
+    line = proc.stdout.strip().splitlines()[-1]
+    assert "JAXFIT_PIN=" in line and line.endswith("--batch-size=32")
+    pasted = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert pasted.returncode == 0, pasted.stderr
+    assert "the train step runs the program jaxfit proved" in pasted.stderr

@@ -81,16 +81,6 @@ def breakdown_table(result: FitResult) -> Table:
     return table
 
 
-def env_words(env: Mapping[str, str]) -> list[str]:
-    """``KEY=value`` words for a shell, quoted; a PYTHONPATH is prepended to the user's own."""
-    import shlex
-
-    words = [f"{key}={shlex.quote(value)}" for key, value in env.items() if key != "PYTHONPATH"]
-    if "PYTHONPATH" in env:
-        words.insert(1, f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])}${{PYTHONPATH:+:$PYTHONPATH}}")
-    return words
-
-
 def run_line(result: FitResult, command: list[str] | None = None, batch_flag: str = "--batch-size") -> str:
     """``run with: ENV... COMMAND --batch-size=N``: the environment that runs the proven program in a
     user's own shell (the pin, loaded by jaxfit's start-up hook), then the command with its batch
@@ -98,6 +88,7 @@ def run_line(result: FitResult, command: list[str] | None = None, batch_flag: st
     import shlex
 
     from jaxfit.fit.command import with_batch
+    from jaxfit.fit.pin import env_words
 
     words = env_words(result.run_env())
     # Both modes: the answer's batch, or the batch the inverse question was asked (and pinned) for.

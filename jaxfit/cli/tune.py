@@ -112,7 +112,7 @@ def tune_command(
     if result.command:
         import shlex
 
-        from jaxfit.cli.output import env_words
+        from jaxfit.fit.pin import env_words
 
         out.print(
             f"train with: {' '.join(env_words(result.env))} {shlex.join(result.command)}",

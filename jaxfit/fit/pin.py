@@ -334,6 +334,16 @@ def run_environment(pin: Pin | None, mem_fraction: float) -> dict[str, str]:
     return env
 
 
+def env_words(env: Mapping[str, str]) -> list[str]:
+    """``KEY=value`` words for a shell, quoted; a PYTHONPATH is prepended to the user's own."""
+    import shlex
+
+    words = [f"{key}={shlex.quote(value)}" for key, value in env.items() if key != "PYTHONPATH"]
+    if "PYTHONPATH" in env:
+        words.insert(1, f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])}${{PYTHONPATH:+:$PYTHONPATH}}")
+    return words
+
+
 def copy_to(pin: Pin, folder: Path) -> Pin:
     """A copy of ``pin`` in ``folder`` (a schedule keeps its runs' pins in its own state folder, out
     of reach of the cache's pruning)."""

@@ -90,8 +90,12 @@ class RunPlan:
         }
 
     def describe(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"{env} {shlex.join(self.command)}"
+        """The command line that runs this plan in a shell, the pin included when there is one (a
+        pasted line runs the proven program, as the plan says)."""
+        from jaxfit.fit.pin import env_words, run_environment
+
+        env = {**self.env, **run_environment(self.pin, self.mem_fraction)}
+        return f"{' '.join(env_words(env))} {shlex.join(self.command)}"
 
 
 def run_settings(
