@@ -98,3 +98,16 @@ def test_a_script_that_crashes_under_help_is_said_to_crash(tmp_path):
         ConfigError, match=r"--help` failed \(exit code 1\) before printing a help text: .*nosuchmodule"
     ):
         check_batch_flag([sys.executable, str(script)], "--batch-size")
+
+
+def test_a_name_the_scripts_help_does_not_list_is_named():
+    from jaxfit.fit.command import _unknown_choice
+
+    tyro = "usage: train.py [-h] {debug,pi0_libero,pi05_libero}\n\n  • debug   ...\n"
+    assert _unknown_choice(["python", "train.py", "pi0_lbero", "--exp-name=x"], tyro) == (
+        "the script has no 'pi0_lbero': its --help lists debug, pi0_libero, pi05_libero; check the name in the command"
+    )
+    assert _unknown_choice(["uv", "run", "train.py", "pi0_libero"], tyro) is None
+    flag_choices = "usage: t.py [-h] [--workers {none,spawn,fork}] [--startup-seconds S]\n"
+    assert _unknown_choice(["python", "t.py", "--startup-seconds", "8"], flag_choices) is None
+    assert _unknown_choice(["python", "t.py", "x"], flag_choices) is None  # a flag's choices are not names

@@ -162,3 +162,58 @@ def test_the_train_with_line_loads_the_pinned_winner_and_claims_no_pin_it_lacks(
     (pin.parent / EXECUTABLE_FILE).unlink()  # pruned since: the line must not claim it
     assert winner_environment(summary, 0.3) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}
     assert winner_environment(None, 0.3) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}
+
+
+def test_sigterm_while_measuring_leaves_no_process_and_no_temporary_folder(tmp_path):
+    """SIGTERM (timeout, CI, kill) during a measurement: jaxfit exits 143 and the measuring
+    process, started in its own session, ends with it; no jaxfit-tune-* folder is left."""
+    import os
+    import signal
+    import subprocess
+    import tempfile
+    import time
+
+    marker = f"JAXFIT_TEST_MARKER={tmp_path.name}"
+    env = dict(os.environ, JAXFIT_TEST_MARKER=tmp_path.name, TMPDIR=str(tmp_path))
+    command = [sys.executable, "-m", "jaxfit.cli", "tune", "--script", "--global-batch", "8", "--micro-batches", "8"]
+    command += [*TINY, "--", sys.executable, TRAIN, "debug", "--exp-name=tune", "--no-wandb-enabled"]
+    command += [f"--checkpoint-base-dir={tmp_path / 'ck'}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _measuring(marker) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _measuring(marker), proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 143, stderr[-2000:]
+        deadline = time.monotonic() + 3
+        while (live := _with_marker(marker)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not live, "the measuring process outlived jaxfit"
+        assert not [p for p in Path(tmp_path).iterdir() if p.name.startswith("jaxfit-tune-")]
+        assert tempfile.gettempdir() != str(tmp_path)  # (this process's own temp folder is untouched)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _with_marker(marker):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        return (Path("/proc") / pid / "environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def _with_marker(marker: str) -> list[str]:
+    return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and marker.encode() in _environ(p.name)]
+
+
+def _measuring(marker: str) -> bool:
+    return any(b"JAXFIT_MEASURE=" in _environ(pid) for pid in _with_marker(marker))

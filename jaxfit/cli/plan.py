@@ -104,7 +104,7 @@ def plan_command(
         from jaxfit.plan.script import default_device_counts, script_meshes, source_for_mesh
 
         base = probe.source()
-        meshes = script_meshes(base, devices or default_device_counts(), fsdp, fsdp_flag)
+        meshes = script_meshes(base, default_device_counts() if devices is None else devices, fsdp, fsdp_flag)
         set_fsdp = fsdp is not None
 
         def source_for(mesh: MeshSpec) -> Source:
@@ -114,7 +114,7 @@ def plan_command(
     else:
         meshes = [
             MeshSpec(m.devices, m.fsdp, fsdp_min_size).validate()  # what_if lets its cells be mocked
-            for m in meshes_for(devices or (1, 2, 4), list(fsdp) if fsdp is not None else None)
+            for m in meshes_for((1, 2, 4) if devices is None else devices, list(fsdp) if fsdp is not None else None)
         ]
         parsed_overrides = parse_overrides(overrides)
         name = example_name(example)

@@ -142,16 +142,22 @@ def _unknown_choice(command: Sequence[str], output: str) -> str | None:
     """When the help lists the script's choices (``{debug,pi0_libero,...}``: tyro subcommands, as
     openpi's config names are) and the command names none of them, say so: such a script prints
     its top-level help, without the config's flags, for a name it does not have."""
-    match = re.search(r"\{([\w.-]+(?:,[\w.-]+)+)\}", output)
-    if match is None:
+    positional = [
+        m
+        for m in re.finditer(r"\{([\w.-]+(?:,[\w.-]+)+)\}", output)
+        if not re.search(r"-[\w-]+[ =]?$", output[: m.start()])  # not a flag's choices (--workers {a,b})
+    ]
+    if not positional:
         return None
-    choices = match.group(1).split(",")
-    script = next((i for i, a in enumerate(command) if a.endswith(".py")), 0)
-    words = [a for a in command[script + 1 :] if not a.startswith("-")]
-    if not words or any(w in choices for w in words):
+    choices = positional[0].group(1).split(",")
+    script = next((i for i, a in enumerate(command) if a.endswith(".py")), None)
+    if script is None or script + 1 >= len(command) or command[script + 1].startswith("-"):
+        return None
+    word = command[script + 1]
+    if word in choices:
         return None
     shown = ", ".join(choices[:8]) + (f" and {len(choices) - 8} more" if len(choices) > 8 else "")
-    return f"the script has no {words[0]!r}: its --help lists {shown}; check the name in the command"
+    return f"the script has no {word!r}: its --help lists {shown}; check the name in the command"
 
 
 def _telling_line(output: str) -> str:

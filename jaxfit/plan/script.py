@@ -79,6 +79,8 @@ def script_meshes(
 
     if not fsdp_flag.startswith("-") or "=" in fsdp_flag or " " in fsdp_flag:
         raise ConfigError(f"--fsdp-flag {fsdp_flag!r} must be a flag name, e.g. --fsdp-flag=--fsdp-devices")
+    if not device_counts:
+        raise ConfigError("--devices names no device count; give at least one, e.g. --devices 1 2 4")
     if fsdp_sizes is None:
         own = batch_value(source.run_command, fsdp_flag) or 1
         usable = [d for d in device_counts if d % own == 0]

@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -42,7 +43,7 @@ from jaxfit.fit.cache import JsonStore, default_cache_path
 from jaxfit.fit.command import hooked_pythonpath, with_batch
 from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.compiler import HOOK_VARIABLES
-from jaxfit.fit.leftovers import cleaned
+from jaxfit.fit.leftovers import cleaned, probe_environment
 from jaxfit.fit.pin import Pin, hook_environment, run_environment
 from jaxfit.fit.sources import ExampleSource, ScriptSource
 from jaxfit.run.accumulation import accumulated_command
@@ -370,6 +371,18 @@ def _measure(
         if hit is not None:
             return dict(hit, cached=True)
     folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
+    try:
+        measured = _measure_in(folder, target, fit, tune, command)
+    finally:  # the log, the reports: read by now, kept by no one
+        shutil.rmtree(folder, ignore_errors=True)
+    if cache is not None and key is not None and "step_seconds" in measured:
+        cache.put(key, measured)
+    return dict(measured, cached=False)
+
+
+def _measure_in(folder: Path, target: Target, fit: FitResult, tune: TuneOptions, command: list[str]) -> dict[str, Any]:
+    """Run ``command`` measuring its steps, with its log and reports in ``folder``; what it
+    creates (its checkpoint folder, wandb's temporary folders) is taken away after it."""
     report = folder / "measure.json"
     env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
     env.update(
@@ -388,6 +401,7 @@ def _measure(
     log = folder / "log.txt"
     tidy = cleaned(cwd, exclude=(default_cache_path().parent,)) if cwd else contextlib.nullcontext()
     with tidy, open(log, "wb") as out:
+        env.update(probe_environment())  # what it creates outside its folder too (wandb's temp folders)
         proc = subprocess.Popen(
             command,
             env=env,
@@ -414,9 +428,7 @@ def _measure(
     pinned = folder / "pin-report.json"
     if pinned.exists():
         measured["program_pinned"] = json.loads(pinned.read_text()).get("program_pinned")
-    if cache is not None and key is not None and "step_seconds" in measured:
-        cache.put(key, measured)
-    return dict(measured, cached=False)
+    return measured
 
 
 def _apply(row: Row, measured: Mapping[str, Any]) -> None:
