@@ -19,6 +19,8 @@ TRAIN = str(REPO / "scripts" / "train.py")
     "args,message",
     [
         (["fit", "--width", "0"], "--width 0 must be at least 1"),
+        (["fit", "--example", "mlp-tiny", "--devices", "100000"], "--devices 100000 is more than jaxfit plans (1024"),
+        (["plan", "--devices", "1", "100000"], "--devices 100000 is more than jaxfit plans (1024"),
         (["fit", "--example", ""], "--example '' names no example; see `jaxfit examples`"),
         (["plan", "--example", " "], "--example ' ' names no example"),
         (

@@ -92,9 +92,12 @@ def devices_environment(count: int, *, least_used: bool = False, flag: str = "--
       ConfigError: ``count`` below 1, or more GPUs than are visible (naming ``flag``).
     """
     from jaxfit.errors import ConfigError
+    from jaxfit.fit.mesh import MAX_DEVICES
 
     if count < 1:
         raise ConfigError(f"{flag} {count} must be at least 1")
+    if count > MAX_DEVICES:
+        raise ConfigError(f"{flag} {count} is more than jaxfit plans ({MAX_DEVICES}: 128 hosts of 8 GPUs)")
     gpus = [] if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(",") else detect_gpus()
     if gpus:
         if count > len(gpus):

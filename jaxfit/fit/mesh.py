@@ -35,6 +35,11 @@ MIN_SHARD_BYTES = 4 * 2**20
 """Arrays smaller than this stay replicated under FSDP (openpi: ``min_size_mbytes=4``)."""
 
 
+MAX_DEVICES = 1024
+"""The most devices a mesh may have: 128 hosts of 8 GPUs (``--devices 100000`` made a compile child
+that printed nothing for 2 minutes and grew past 6.4 GB)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
     """How many devices a step runs on, and how many of them shard the state.
@@ -57,6 +62,11 @@ class MeshSpec:
         """Check the sizes (one-line :class:`ConfigError` naming the flag); returns ``self``."""
         if self.devices < 1:
             raise ConfigError(f"--devices {self.devices} must be at least 1")
+        if self.devices > MAX_DEVICES:
+            raise ConfigError(
+                f"--devices {self.devices} is more than jaxfit plans ({MAX_DEVICES}: 128 hosts of 8 GPUs); a mocked "
+                "topology or host devices that large takes minutes and gigabytes before the first compile"
+            )
         if self.fsdp < 1:
             raise ConfigError(f"--fsdp {self.fsdp} must be at least 1")
         if self.devices % self.fsdp:
