@@ -350,3 +350,34 @@ def test_a_two_gpu_run_next_to_single_gpu_runs(tmp_path, shared_cache):
     refused = _cli("schedule", str(queue), "--gpus", "2", "--device-memory", "1GiB", "--dry-run", cwd=tmp_path)
     assert "experiment 'sharded' takes gpus: 3 but the plan has 2 GPUs" in error_line(refused)
     assert "round" not in refused.stderr  # refused before any fit
+
+
+@pytest.mark.parametrize(
+    "limit,said,left",
+    [
+        (16384, "cannot create the schedule state", False),  # the state file itself cannot be made
+        (65536, "cannot create the schedule state in", False),  # the plan cannot be stored
+        (131072, "the runs were stopped; free space, then rerun with --resume", True),  # a run's start
+    ],
+)
+def test_a_state_disk_that_takes_no_more_is_one_line(tmp_path, limit, said, left):
+    """RLIMIT_FSIZE makes writes past ``limit`` bytes fail as on a full disk: one line, exit 2, no
+    run left running, and a state made by this call that holds nothing is not left behind."""
+    import resource
+
+    queue = tmp_path / "q.yaml"
+    mini = REPO / "tests" / "fixtures" / "mini_train.py"
+    queue.write_text(
+        "gpus: 1\ndevice_memory: 1GiB\nprocess_overhead: 0\nexperiments:\n"
+        f"  - name: a\n    command: [{sys.executable}, {mini}, --steps, '2']\n    batch: 8\n    fraction: 0.1\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", "schedule", str(queue), "--state-dir", str(tmp_path / "runs"), "--quiet"],
+        capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )  # fmt: skip
+    assert proc.returncode == 2 and said in error_line(proc), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert (tmp_path / "runs").exists() == left
+    alive = subprocess.run(["pgrep", "-f", str(mini)], capture_output=True, text=True).stdout.split()
+    assert not alive, "a run outlived the schedule"

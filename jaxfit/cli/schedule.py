@@ -3,6 +3,7 @@ process holds outside its pool)."""
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Annotated, Any, Literal
 
 import tyro
@@ -130,22 +131,28 @@ def schedule_command(
         return 0
     from jaxfit.schedule.flow import start_schedule
 
-    outcome = start_schedule(
-        loaded,
-        targets,
-        logical=not on_device,
-        state_dir=folder,
-        backend=backend,
-        console=out,
-        options_base=FitOptions(max_batch=max_batch),
-        progress=progress,
-        probe_args=list(probe_args),
-        execute_options=execute_options,
-        ray_address=ray_address,
-        quiet=quiet,
-        timeline_path=Path(timeline) if timeline else None,
-        plan_path=plan,
-    )
+    try:
+        outcome = start_schedule(
+            loaded,
+            targets,
+            logical=not on_device,
+            state_dir=folder,
+            backend=backend,
+            console=out,
+            options_base=FitOptions(max_batch=max_batch),
+            progress=progress,
+            probe_args=list(probe_args),
+            execute_options=execute_options,
+            ray_address=ray_address,
+            quiet=quiet,
+            timeline_path=Path(timeline) if timeline else None,
+            plan_path=plan,
+        )
+    except (sqlite3.Error, OSError) as e:  # the state folder cannot be written (a full disk)
+        raise JaxfitError(
+            f"cannot write the schedule state in {folder} ({getattr(e, 'strerror', None) or e}; is its disk full?); "
+            "free space, then rerun with --resume"
+        ) from None
     return _schedule_outcome(out, outcome, json)
 
 

@@ -9,6 +9,8 @@ moved aside).
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,6 +98,39 @@ def create_state(
       ConfigError: the folder holds an unfinished schedule (resume it, or choose another folder).
     """
     ensure_no_schedule(state_dir)
+    existed = state_dir.exists()
+    had_state = (state_dir / STATE_FILE).exists()
+    try:
+        return _fill_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=wandb_group)
+    except (ConfigError, OSError, sqlite3.Error) as e:  # a disk that takes no more: no half-made state is left
+        if had_state:
+            pass  # never touch a state this call did not make
+        elif existed:
+            for name in (STATE_FILE, STATE_FILE + "-wal", STATE_FILE + "-shm", "pins"):
+                path = state_dir / name
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
+        if isinstance(e, ConfigError):
+            if not str(e).startswith("cannot create"):
+                raise
+            raise ConfigError(f"{e}; nothing was started: free space and run again") from None
+        raise ConfigError(
+            f"cannot create the schedule state in {state_dir} ({getattr(e, 'strerror', None) or e}; is its disk "
+            "full?); nothing was started: free space and run again"
+        ) from None
+
+
+def _fill_state(
+    state_dir: Path,
+    queue: Queue,
+    runs: Sequence[ScheduledRun],
+    plan: packing.Plan,
+    *,
+    logical: bool,
+    backend: str,
+    wandb_group: str | None,
+) -> StateStore:
     store = StateStore(state_dir / STATE_FILE)
     by_name = {run.name: run for run in runs}
     records = []

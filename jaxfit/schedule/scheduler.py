@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -422,6 +423,18 @@ class Scheduler:
             for handle in self.handles.values():
                 handle.kill()
 
+    def _stop_now(self) -> None:
+        """Stop every live run: SIGTERM, then SIGKILL after the grace period (nothing is recorded:
+        the state is what failed)."""
+        for handle in self.handles.values():
+            handle.terminate()
+        deadline = time.monotonic() + self.options.grace_seconds
+        while any(h.poll() is None for h in self.handles.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for handle in self.handles.values():
+            if handle.poll() is None:
+                handle.kill()
+
     def run(self) -> int:
         """Run until every experiment is final (or a stop signal); returns the exit code.
 
@@ -446,6 +459,12 @@ class Scheduler:
                 if all(r.final for r in records):
                     break
                 time.sleep(self.options.poll_interval)
+        except (sqlite3.Error, OSError) as e:  # the state cannot be written (a full disk): stop, say so
+            self._stop_now()
+            raise ConfigError(
+                f"cannot write the schedule state {self.store.path} ({getattr(e, 'strerror', None) or e}; is its disk "
+                f"full?): the runs were stopped; free space, then rerun with --resume to continue"
+            ) from None
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -186,6 +186,7 @@ class StateStore:
         """
         self.path = Path(path)
         self._lock = threading.RLock()
+        fresh = not self.path.exists()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False, isolation_level=None)
@@ -204,6 +205,8 @@ class StateStore:
         except sqlite3.Error as e:
             self._db.close()
             readonly = isinstance(e, sqlite3.OperationalError) and "readonly" in str(e)
+            if fresh and not readonly:
+                raise ConfigError(f"cannot create the schedule state {self.path} ({e}; is its disk full?)") from None
             raise ConfigError(
                 f"cannot use the schedule state {self.path}: "
                 + (
