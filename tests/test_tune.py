@@ -93,7 +93,9 @@ def test_tune_of_train_py_over_two_axes(tmp_path, run_cli):
     assert not (tmp_path / "ck" / "debug" / "tune").exists() or not any((tmp_path / "ck" / "debug" / "tune").iterdir())
 
 
-def test_a_budget_too_small_measures_nothing_and_says_so(tmp_path, run_cli):
+def test_a_budget_counts_measuring_only_and_the_rows_past_it_say_so(tmp_path, run_cli):
+    """--budget covers measuring, not the fits before it (a 600 s budget once measured 1 of 12
+    candidates because fitting took most of it): the first candidate is measured, the rest say why not."""
     proc = run_cli(
         "tune",
         "--example",
@@ -112,10 +114,11 @@ def test_a_budget_too_small_measures_nothing_and_says_so(tmp_path, run_cli):
         "--json",
         "t.json",
     )
-    assert proc.returncode == 1
-    rows = _result(tmp_path)["rows"]
-    assert rows and all(r["status"] == "budget spent" for r in rows if r["fits"])
-    assert "no candidate could be measured" in proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [r for r in _result(tmp_path)["rows"] if r["fits"]]
+    assert len(rows) > 1 and [r["status"] for r in rows].count("measured") == 1
+    assert all(r["status"] == "budget spent" for r in rows if r["status"] != "measured")
+    assert any("s of measuring was spent" in r["note"] for r in rows)
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,7 @@ def tune_command(
         axes: Scripts: a flag and its values, --axis=--FLAG=V1,V2; repeatable (the settings are their cross product).
         warmup: Steps run before timing (the first loads the program).
         steps: Steps timed per candidate (the median is its step time).
-        budget: Stop measuring after this many seconds (the rows not measured say so).
+        budget: Seconds to spend measuring, counted from the first measurement (the fits before it are not counted); the rows not measured say so.
         peak_tflops: The device's peak TFLOP/s, for MFU and to prune candidates that cannot win (default: a table of GPUs; none on a CPU).
         micro_batches: Micro-batches tried per setting, largest first.
         json: Write the result (rows, best, breakdown of the best) to this file.

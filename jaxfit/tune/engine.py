@@ -7,7 +7,8 @@ For each setting (remat and precision of a built-in example, or a script's own f
    run, accumulated over ``G / m`` steps, to prove it fits; each proof pins its program.
 2. **Prune**: a candidate whose compiled FLOPs at the device's peak rate cannot beat the best
    samples/s measured so far is not run (a bound, not a guess: without a known peak nothing is
-   pruned); ``--budget`` stops measuring when the wall time is spent.
+   pruned); ``--budget`` stops measuring when that much time was spent measuring (fitting, which
+   comes first, is not counted).
 3. **Measure**: a fresh training process under the fraction loads the candidate's pinned program,
    runs warm-up steps, then timed steps (jaxfit's start-up hook times each step, and the time the
    script spends between steps), and is stopped (:mod:`jaxfit._probe.jaxfit_measure`).
@@ -64,7 +65,8 @@ class TuneOptions:
       global_batch: Samples per optimizer step to keep (None: each setting's largest batch).
       warmup: Steps run before timing (the first loads the program).
       steps: Steps timed; the median is the step time.
-      budget_seconds: Stop measuring once the tune has taken this long (None: no limit).
+      budget_seconds: Stop measuring once measuring has taken this long (the fits before it are not
+        counted; None: no limit).
       peak_tflops: The device's peak TFLOP/s for MFU and pruning (None: from a table of GPUs).
       micro_batches: Micro-batches tried per setting, largest first.
       measure_timeout: Seconds a measuring process may take.
@@ -527,14 +529,18 @@ def tune(
                 key=lambda r: (-bound(r), (r.flops_per_step or 0) / r.global_batch, -r.micro_batch),
             )
             best = 0.0
+            measuring = time.perf_counter()  # --budget covers measuring; the fits before it are not counted
             for row in order:
                 bound_row = bound(row)
                 if bound_row < best:
                     row.status = "cannot win"
                     row.note = f"at most {bound_row:.1f} samples/s at the device's peak; {best:.1f} was measured"
                     continue
-                if tuning.budget_seconds is not None and time.perf_counter() - start > tuning.budget_seconds:
-                    row.status, row.note = "budget spent", f"--budget {tuning.budget_seconds:g} s was spent"
+                if tuning.budget_seconds is not None and time.perf_counter() - measuring > tuning.budget_seconds:
+                    row.status, row.note = (
+                        "budget spent",
+                        f"--budget {tuning.budget_seconds:g} s of measuring was spent",
+                    )
                     continue
                 notify(progress, "note", text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps}")
                 measured = _measure(
