@@ -220,3 +220,14 @@ def _with_marker(marker: str) -> list[str]:
 
 def _measuring(marker: str) -> bool:
     return any(b"JAXFIT_MEASURE=" in _environ(pid) for pid in _with_marker(marker))
+
+
+def test_a_script_that_ends_before_the_measured_steps_is_not_called_crashed(tmp_path, run_cli):
+    proc = run_cli(
+        "tune", "--script", "--global-batch", "8", "--micro-batches", "8", *TINY, "--json", "t.json", "--",
+        sys.executable, TRAIN, "debug", "--exp-name=tune", "--num-train-steps=1", "--no-wandb-enabled", "--overwrite",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}",
+    )  # fmt: skip
+    rows = [r for r in _result(tmp_path)["rows"] if r["fits"]]
+    assert rows and all(r["status"] == "ended early" for r in rows), proc.stderr[-2000:]
+    assert "--warmup + --steps" in rows[0]["note"]

@@ -53,7 +53,15 @@ from jaxfit.tune.space import Setting, micro_batches, upper_bound_samples_per_se
 from jaxfit.versions import jax_version, jaxfit_version
 
 Status = Literal[
-    "measured", "does not fit", "out of memory", "crashed", "timed out", "cannot win", "budget spent", "not run"
+    "measured",
+    "does not fit",
+    "out of memory",
+    "crashed",
+    "ended early",
+    "timed out",
+    "cannot win",
+    "budget spent",
+    "not run",
 ]
 
 
@@ -452,6 +460,11 @@ def _apply(row: Row, measured: Mapping[str, Any]) -> None:
         row.status, row.note = "timed out", "the measuring process did not finish in time"
     elif "RESOURCE_EXHAUSTED" in tail or "does not fit the budget" in tail:
         row.status, row.note = "out of memory", tail.splitlines()[-1][:200] if tail else ""
+    elif measured.get("exit_code") == 0:
+        row.status = "ended early"
+        row.note = (
+            "the script exited 0 before the measured steps ran (does it train fewer than --warmup + --steps steps?)"
+        )
     else:
         row.status, row.note = "crashed", (tail.splitlines()[-1][:200] if tail else f"exit {measured.get('exit_code')}")
 
