@@ -381,3 +381,18 @@ def test_a_state_disk_that_takes_no_more_is_one_line(tmp_path, limit, said, left
     assert (tmp_path / "runs").exists() == left
     alive = subprocess.run(["pgrep", "-f", str(mini)], capture_output=True, text=True).stdout.split()
     assert not alive, "a run outlived the schedule"
+
+
+def test_a_dry_run_refuses_a_program_that_does_not_exist_as_the_real_run_does(tmp_path):
+    queue = tmp_path / "q.yaml"
+    queue.write_text(
+        "gpus: 1\ndevice_memory: 1GiB\nexperiments:\n"
+        "  - name: a\n    command: [nosuchprog, x.py]\n    batch: 8\n    fraction: 0.1\n"
+    )
+    for extra in (["--dry-run"], []):
+        proc = subprocess.run(
+            [sys.executable, "-m", "jaxfit.cli", "schedule", str(queue), "--state-dir", str(tmp_path / "r"), *extra],
+            capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert error_line(proc) == "jaxfit: error: experiment 'a': command not found: 'nosuchprog' is not on PATH"

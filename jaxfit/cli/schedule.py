@@ -115,6 +115,9 @@ def schedule_command(
         loaded, gpus=gpus, device_memory_bytes=size, dry_run=dry_run, note=lambda text: out.print(text, highlight=False)
     )
     if dry_run:
+        from jaxfit.schedule.planner import check_commands
+
+        check_commands(loaded)  # as the real run does: a program that does not exist is refused now
         runs, planned = plan_queue(
             loaded,
             targets,
