@@ -134,3 +134,27 @@ def visible_device_count() -> int:
     if visible is None and "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
         return 1
     return max(1, len(detect_gpus()))
+
+
+def cuda_total_bytes(timeout: float = 120.0) -> int | None:
+    """The memory of the first visible GPU as JAX's allocator counts it (``bytes_limit`` under
+    fraction 1), which is what every fraction is a share of: less than nvidia-smi's total (an H100
+    80GB: 81,080 MiB against 81,559). Read in a short child process (this one keeps JAX unstarted);
+    None without a GPU or when it cannot be read."""
+    import json
+    import sys
+
+    if gpus_here() == 0:
+        return None
+    code = (
+        "import jax, json; d = jax.devices()[0]; "
+        "print(json.dumps({'platform': d.platform, 'limit': (d.memory_stats() or {}).get('bytes_limit')}))"
+    )
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_MEM_FRACTION="1.0")
+    env.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return int(data["limit"]) if data.get("platform") == "gpu" and data.get("limit") else None

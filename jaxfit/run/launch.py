@@ -247,11 +247,18 @@ def _plan(
     if fit is not None:
         here = fit.process_fraction
     elif options.device_memory_bytes is not None:
-        from jaxfit.fit.devices import detect_gpus
+        from jaxfit.fit.devices import cuda_total_bytes
 
-        gpus = detect_gpus()
-        if gpus and options.device_memory_bytes < gpus[0].total_bytes:
-            here = float(f"{fraction * options.device_memory_bytes / gpus[0].total_bytes:.6g}")
+        total = cuda_total_bytes()  # what the fraction is a share of, as the fit would have read it
+        if total and options.device_memory_bytes > total:
+            from jaxfit.fit.budget import format_bytes
+
+            raise ConfigError(
+                f"--device-memory {format_bytes(options.device_memory_bytes)} is larger than this GPU's "
+                f"{format_bytes(total)}; a run here cannot stand for that card"
+            )
+        if total and options.device_memory_bytes < total:
+            here = float(f"{fraction * options.device_memory_bytes / total:.6g}")
     if here != fraction:
         settings.update(card_mem_fraction=fraction, process_mem_fraction=here, mem_fraction=here)
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{here:g}"}
