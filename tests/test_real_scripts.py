@@ -431,3 +431,26 @@ def test_a_start_up_that_runs_out_of_memory_is_a_does_not_fit_answer(tmp_path, r
     assert "the script ran out of memory (RESOURCE_EXHAUSTED) before it called its train step" in line
     assert "init (1)" in line and "none of them updates" not in line
     assert "allocate 7.98GiB" in line and "raise --mem-fraction" in line
+
+
+def test_sigterm_during_a_probe_takes_away_the_folder_its_start_up_made(tmp_path):
+    """openpi's start-up makes its checkpoint folder before it reaches the step: a fit stopped by
+    SIGTERM while the script still starts removes it, as a finished fit does."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxfit.cli", "fit", "--script", "--batch-flag", "--bs", "--",
+         sys.executable, SHAPED, "--openpi-checkpoints", "--startup-seconds", "30"],
+        cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "checkpoints").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "checkpoints").exists(), proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 143, stderr[-2000:]
+        assert not (tmp_path / "checkpoints").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
