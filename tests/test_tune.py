@@ -54,7 +54,10 @@ def test_tune_of_an_example_measures_what_fits_and_ranks_it(tmp_path, run_cli):
     assert rows[0] == result["best"]  # ranked fastest first
     assert sum(c["bytes"] for c in result["breakdown"]) == result["best"]["peak_bytes"]
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
-    assert "fastest:" in proc.stdout
+    assert "fastest:" in proc.stdout and "(prove " in proc.stdout
+    phases = result["phase_seconds"]
+    assert phases["prove"] > 0 and phases["measure"] > 0
+    assert phases["prove"] + phases["measure"] <= result["wall_seconds"] + 0.1
 
     again = run_cli(*args, "--json", "t2.json")  # every program and measurement comes from the caches
     assert again.returncode == 0, again.stderr[-2000:]

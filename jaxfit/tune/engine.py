@@ -161,6 +161,9 @@ class TuneResult:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """The environment that trains the best row in a user's own shell: the fraction and, when its
     proven program is still stored, the start-up hook and the pin (:func:`winner_environment`)."""
+    phase_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Wall time of each phase: ``prove`` (a fit per setting and accumulation, whose compiled FLOPs
+    are also the bounds) and ``measure`` (the candidates' training processes)."""
 
     @property
     def pinned(self) -> bool:
@@ -181,6 +184,7 @@ class TuneResult:
             "breakdown": self.breakdown,
             "message": self.message,
             "env": self.env,
+            "phase_seconds": self.phase_seconds,
             "jaxfit_version": jaxfit_version(),
         }
 
@@ -521,6 +525,7 @@ def tune(
             fits.update({(setting.name, m, a): f for (m, a), f in setting_fits.items()})
             for f in setting_fits.values():
                 device = f.device
+        proved = time.perf_counter()
         kind = str(device.get("device_kind") or "")
         peak_cache: dict[str, tuple[float | None, str]] = {}
 
@@ -575,6 +580,7 @@ def tune(
         finally:
             if store is not None:
                 store.close()
+    phases = {"prove": round(proved - start, 2), "measure": round(time.perf_counter() - proved, 2)}
     _mfu(rows, peak_of)
     rows.sort(key=lambda r: (r.samples_per_second is None, -(r.samples_per_second or 0)))
     best_row = next((r for r in rows if r.samples_per_second), None)
@@ -582,7 +588,7 @@ def tune(
         target.command(by_name[best_row.setting], best_row.micro_batch, best_row.accum_steps) if best_row else None
     )
     best_fit = fits.get((best_row.setting, best_row.micro_batch, best_row.accum_steps)) if best_row else None
-    message = _message(best_row, rows, tuning)
+    message = _message(best_row, rows, tuning) + f" (prove {phases['prove']:.0f} s, measure {phases['measure']:.0f} s)"
     return TuneResult(
         rows=rows,
         best=best_row,
@@ -596,6 +602,7 @@ def tune(
         breakdown=best_fit.breakdown if best_fit else [],
         message=message,
         env=winner_environment(best_fit.pin if best_fit else None, fraction) if command else {},
+        phase_seconds=phases,
     )
 
 
