@@ -234,3 +234,21 @@ def test_a_script_that_ends_before_the_measured_steps_is_not_called_crashed(tmp_
     rows = [r for r in _result(tmp_path)["rows"] if r["fits"]]
     assert rows and all(r["status"] == "ended early" for r in rows), proc.stderr[-2000:]
     assert "--warmup + --steps" in rows[0]["note"]
+
+
+def test_a_script_whose_loader_is_slow_is_named_input_bound(tmp_path, run_cli):
+    """0.3 s per batch from the loader against a step of milliseconds: every measured row says the
+    input limits it, its rate counts the time between steps, and the summary says so."""
+    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
+    proc = run_cli(
+        "tune", "--script", "--micro-batches", "2", "--max-batch", "64", *TINY, "--batch-flag", "--bs",
+        "--json", "t.json", "--", sys.executable, shaped, "--steps", "8", "--input-seconds", "0.3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = [r for r in _result(tmp_path)["rows"] if r["status"] == "measured"]
+    assert measured
+    for r in measured:
+        assert r["limited_by"] == "input" and r["outside_step_seconds"] >= 0.25
+        assert r["samples_per_second"] < r["step_samples_per_second"] / 5
+        assert abs(r["samples_per_second"] - r["global_batch"] / (r["step_seconds"] + r["outside_step_seconds"])) < 1e-6
+    assert "limited by its input" in proc.stdout

@@ -40,6 +40,7 @@ from typing import Any, Literal
 from jaxfit.errors import DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, FitResult, fit_batch
 from jaxfit.fit.answers import device_identity
+from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.cache import JsonStore, default_cache_path
 from jaxfit.fit.command import hooked_pythonpath, with_batch
 from jaxfit.fit.common import Progress, notify
@@ -121,7 +122,14 @@ class Row:
     note: str = ""
     step_seconds: float | None = None
     samples_per_second: float | None = None
+    """What training gets: the global batch over the step's time and the time between two steps
+    (the script's data loading, logging); the step's own time alone when that was not measured."""
+    step_samples_per_second: float | None = None
+    """The step alone: the global batch over its time."""
     outside_step_seconds: float | None = None
+    limited_by: str | None = None
+    """``step`` or ``input`` (the time between steps, the script's data loader above all, is the
+    larger); None when not measured."""
     flops_per_step: float | None = None
     model_flops_per_step: float | None = None
     mfu: float | None = None
@@ -413,7 +421,8 @@ def _measure_in(folder: Path, target: Target, fit: FitResult, tune: TuneOptions,
     env.update(hook_environment(pin, str(folder / "pin-report.json")))
     cwd = target.script.cwd if target.script is not None else None
     log = folder / "log.txt"
-    tidy = cleaned(cwd, exclude=(default_cache_path().parent,)) if cwd else contextlib.nullcontext()
+    # jaxfit's own files (its cache, this folder with the reports) are not the run's to take away
+    tidy = cleaned(cwd, exclude=(default_cache_path().parent, folder)) if cwd else contextlib.nullcontext()
     with tidy, open(log, "wb") as out:
         env.update(probe_environment())  # what it creates outside its folder too (wandb's temp folders)
         proc = subprocess.Popen(
@@ -450,11 +459,14 @@ def _apply(row: Row, measured: Mapping[str, Any]) -> None:
     if steps:
         row.status = "measured"
         row.step_seconds = statistics.median(steps)
-        row.samples_per_second = row.global_batch / row.step_seconds
+        row.step_samples_per_second = row.global_batch / row.step_seconds
         outside = measured.get("outside_step_seconds") or []
         row.outside_step_seconds = statistics.median(outside) if outside else None
-        if row.bytes_per_sample:
-            row.input_bytes_per_second = row.bytes_per_sample * row.samples_per_second
+        between = row.outside_step_seconds or 0.0
+        row.samples_per_second = row.global_batch / (row.step_seconds + between)
+        row.limited_by = "input" if between > row.step_seconds else "step"
+        if row.bytes_per_sample:  # what the input must deliver for the step, not the input, to set the pace
+            row.input_bytes_per_second = row.bytes_per_sample * row.step_samples_per_second
         row.cached = bool(measured.get("cached"))
         if measured.get("program_pinned") is False:
             row.note = "ran its own program, not the pinned one"
@@ -469,6 +481,8 @@ def _apply(row: Row, measured: Mapping[str, Any]) -> None:
         row.note = (
             "the script exited 0 before the measured steps ran (does it train fewer than --warmup + --steps steps?)"
         )
+        if tail:
+            row.note += f"; its last line: {tail.splitlines()[-1][:200]}"
     else:
         row.status, row.note = "crashed", (tail.splitlines()[-1][:200] if tail else f"exit {measured.get('exit_code')}")
 
@@ -630,8 +644,15 @@ def _message(best: Row | None, rows: Sequence[Row], tuning: TuneOptions) -> str:
             else ""
         )
     mfu = f", MFU {best.mfu:.1%}" if best.mfu is not None else ""
+    limit = ""
+    if best.limited_by == "input" and best.outside_step_seconds is not None:
+        need = f", {format_bytes(best.input_bytes_per_second)}/s of input" if best.input_bytes_per_second else ""
+        limit = (
+            f"; limited by its input: {best.outside_step_seconds:.3f} s between steps against {best.step_seconds:.3f} s "
+            f"in the step (the step alone would give {best.step_samples_per_second:.1f} samples/s{need})"
+        )
     return (
         f"fastest: {best.setting} at {best.micro_batch} x {best.accum_steps} (global batch {best.global_batch}): "
-        f"{best.samples_per_second:.1f} samples/s, step {best.step_seconds:.3f} s{mfu}; "
+        f"{best.samples_per_second:.1f} samples/s, step {best.step_seconds:.3f} s{mfu}{limit}; "
         f"{measured} of {len(rows)} candidates measured"
     )
