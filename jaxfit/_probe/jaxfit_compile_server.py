@@ -9,10 +9,13 @@ Protocol (both directions one JSON object per line):
 
 - requests arrive on the file descriptor ``$JAXFIT_REQUEST_FD`` (stdin if unset):
   ``{"op": "compile", "id": n, "batches": [..], "autotune": bool, "threads": k}``,
-  ``{"op": "pin", "batch": b, "path": file}``, ``{"op": "overhead"}``, ``{"op": "quit"}``;
+  ``{"op": "pin", "batch": b, "path": file}``, ``{"op": "overhead"}``,
+  ``{"op": "time", "batch": b, "warmup": w, "steps": n}``, ``{"op": "quit"}``;
 - replies leave on ``$JAXFIT_REPLY_FD``: first ``{"op": "ready", "info": {...}}`` (or
   ``{"op": "error", ...}``), then ``{"op": "result", ...}`` per compile and ``{"op": "done"}`` per
-  request, ``{"op": "pinned", ...}`` and ``{"op": "overhead", ...}``.
+  request, ``{"op": "pinned", ...}``, ``{"op": "overhead", ...}`` and ``{"op": "timed", ...}`` (the
+  program as training compiles it, run on real arguments in this very process: ``jaxfit tune``'s
+  measurement where the program was proven).
 
 Compiles never use JAX's persistent compilation cache (:func:`persistent_cache_off`): a program
 served from it can report the wrong aliasing (jax 0.5.3 said ``alias_size_in_bytes = 0`` for a
@@ -407,6 +410,10 @@ class Server:
       cache_path: The SQLite compile cache, or ``None``.
       components: ``batch_size -> [[component, bytes], ...]``: the step's arguments by name
         (:func:`describe_arguments`), sent with every compile for the memory breakdown.
+      concrete: ``batch_size -> args``: real arguments of the step at that batch, to time the
+        program (``time``); None where the step cannot be run here.
+      donated: The positions of the arguments the step donates (they are fed back from its outputs
+        between timed calls, as a training loop does).
     """
 
     def __init__(
@@ -416,9 +423,13 @@ class Server:
         workload: Dict[str, Any],
         cache_path: Optional[str] = None,
         components: "Optional[Callable[[int], list]]" = None,
+        concrete: "Optional[Callable[[int], tuple]]" = None,
+        donated: "tuple" = (),
     ) -> None:
         self.lower = lower
         self.components = components
+        self.concrete = concrete
+        self.donated = tuple(donated)
         self.replies = replies
         self.workload = workload
         self.info = device_info()
@@ -600,6 +611,61 @@ class Server:
                 }
         return {"op": "overhead", "bytes": None, "method": "this process is not in nvidia-smi's list"}
 
+    def time_step(self, batch: int, warmup: int, steps: int) -> Dict[str, Any]:
+        """Run the program compiled at ``batch`` as training compiles it (compiling it if it was not
+        kept) on real arguments, ``warmup`` calls untimed and ``steps`` timed, each waited for; the
+        donated arguments are fed back from the outputs, as a training loop does. Never raises."""
+        import jax
+
+        start = time.perf_counter()
+        try:
+            if self.concrete is None:
+                raise RuntimeError("this process cannot run the step (no real arguments)")
+            with self._kept_lock:
+                kept = self._kept.get(batch)
+            if kept is None:
+                with self._lower_lock, runtime_typechecks_off():
+                    lowered = self.lower(batch)
+                    fingerprint = program_fingerprint(lowered)
+                compiled = lowered.compile()
+                self._keep(batch, fingerprint, compiled, memory_of(compiled))
+            else:
+                compiled = kept[1]
+            args = list(self.concrete(batch))
+            times: "list[float]" = []
+            first = None
+            for i in range(warmup + steps):
+                t0 = time.perf_counter()
+                out = compiled(*args)
+                jax.block_until_ready(out)
+                elapsed = time.perf_counter() - t0
+                if i == 0:
+                    first = elapsed
+                if i >= warmup:
+                    times.append(elapsed)
+                fed = _fed_back(args, out, self.donated)
+                if fed is None:  # the step returns no state in the donated one's place: fresh arguments
+                    del out
+                    args = list(self.concrete(batch))
+                else:
+                    args = fed
+            return {
+                "op": "timed",
+                "ok": True,
+                "batch": batch,
+                "step_seconds": times,
+                "first_call_seconds": first,
+                "seconds": time.perf_counter() - start,
+            }
+        except Exception as e:
+            return {
+                "op": "timed",
+                "ok": False,
+                "batch": batch,
+                "error": "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[0][:300] if str(e).strip() else ""),
+                "oom": is_out_of_memory(str(e)),
+            }
+
     def serve(self, requests: TextIO) -> None:
         """Answer requests until ``quit`` or the end of the request stream."""
         for line in requests:
@@ -613,10 +679,67 @@ class Server:
                 self.send(self.pin(int(request["batch"]), str(request["path"])))
             elif op == "overhead":
                 self.send(self.process_overhead())
+            elif op == "time":
+                self.send(self.time_step(int(request["batch"]), int(request["warmup"]), int(request["steps"])))
             elif op == "quit":
                 return
             else:
                 self.send({"op": "error", "kind": "protocol", "message": "unknown op %r" % (op,)})
+
+
+def _same_shapes(a: Any, b: Any) -> bool:
+    """Whether two pytrees have the same structure and the same shapes and dtypes leaf by leaf."""
+    import jax
+
+    if jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
+        return False
+    return all(
+        getattr(x, "shape", None) == getattr(y, "shape", None)
+        and getattr(x, "dtype", None) == getattr(y, "dtype", None)
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    )
+
+
+def _fed_back(args: "list", out: Any, donated: "tuple") -> "Optional[list]":
+    """The next call's arguments: each donated argument replaced by the output (or top-level part of
+    the output) with its structure, shapes and dtypes, as a training loop passes the new state on;
+    None when a donated argument has no such output."""
+    parts = list(out) if isinstance(out, (tuple, list)) else [out]
+    nxt = list(args)
+    for i in donated:
+        match = next((p for p in parts if _same_shapes(p, args[i])), None)
+        if match is None:
+            return None
+        nxt[i] = match
+    return nxt
+
+
+def real_arguments(abstract: Any, seed: int = 0) -> Any:
+    """Arrays for a pytree of ``jax.ShapeDtypeStruct``: normal noise for floating point, zeros for
+    integers and booleans, a key for PRNG keys, each placed with the struct's sharding when it has
+    one; concrete leaves are kept. What a step is timed on (its speed does not depend on the values)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    key = jax.random.key(seed)
+    leaves, treedef = jax.tree_util.tree_flatten(abstract)
+    out = []
+    for n, leaf in enumerate(leaves):
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            out.append(leaf)
+            continue
+        dtype = leaf.dtype
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            value = jax.random.split(jax.random.fold_in(key, n), max(1, int(np.prod(leaf.shape))))
+            value = value.reshape(leaf.shape) if leaf.shape else value[0]
+        elif jnp.issubdtype(dtype, jnp.floating):
+            value = jax.random.normal(jax.random.fold_in(key, n), leaf.shape, jnp.float32).astype(dtype)
+        else:
+            value = jnp.zeros(leaf.shape, dtype)
+        sharding = getattr(leaf, "sharding", None)
+        out.append(jax.device_put(value, sharding) if sharding is not None else value)
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def send_error(replies: TextIO, kind: str, error_class: str, message: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import tyro
 from rich.console import Console
@@ -28,6 +28,7 @@ def tune_command(
     budget: float | None = None,
     peak_tflops: float | None = None,
     micro_batches: int = 3,
+    measure: Literal["process", "inline"] = "process",
     json: str | None = None,
     png: str | None = None,
     quiet: bool = False,
@@ -61,6 +62,7 @@ def tune_command(
         budget: Seconds to spend measuring, counted from the first measurement (the fits before it are not counted); the rows not measured say so.
         peak_tflops: The device's peak TFLOP/s, for MFU and to prune candidates that cannot win (default: a table of GPUs; none on a CPU).
         micro_batches: Micro-batches tried per setting, largest first.
+        measure: process: each candidate trains in a fresh process with its pinned program (step and time between steps); inline: the proven program is timed in the compile process that proved it, on real arguments of its shapes (no start-up per candidate; the step alone; built-in examples only).
         json: Write the result (rows, best, breakdown of the best) to this file.
         png: Draw samples/s against micro-batch per setting to this PNG.
         quiet: No progress.
@@ -89,7 +91,10 @@ def tune_command(
         peak_tflops=peak_tflops,
         micro_batches=micro_batches,
         use_cache=options.use_cache,
+        measure=measure,
     ).validate()
+    if script and measure == "inline":
+        raise JaxfitError("--measure inline is for built-in examples so far; a script is measured in fresh processes")
     if script:
         if overrides:
             raise JaxfitError("--set applies to built-in examples; give a script's flags with --axis")

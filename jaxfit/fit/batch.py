@@ -9,6 +9,7 @@ program that proved it is pinned (:mod:`jaxfit.fit.pin`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -184,7 +185,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         "verify": options.verify,
     }
     key, hit = cached_answer(options, question, source, start, progress)
-    if hit is not None:
+    if hit is not None and options.time_steps is None:  # a cached answer keeps no program to time
         notify(progress, "cached", result=hit)
         return hit
 
@@ -247,6 +248,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                 root=pins_root(options.use_cache),
             )
         overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
+        timing = child.time(answer, *options.time_steps) if options.time_steps else None
     except BaseException as e:
         child.close(polite=isinstance(e, Exception))  # interrupted: at once
         raise
@@ -298,10 +300,11 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         message=message,
         pin=pin.to_dict() if pin else None,
         pin_note=pin_note,
+        timing=timing,
         breakdown=[c.to_dict() for c in breakdown(final, rounds.latest[answer].components)],
         device_count=device_count,
         mesh=mesh,
     )
-    store_answer(options, key, result, source=source, manifest=child.manifest)
+    store_answer(options, key, dataclasses.replace(result, timing=None), source=source, manifest=child.manifest)
     notify(progress, "done", result=result)
     return result

@@ -478,6 +478,16 @@ class CompileChild:
             if reply.get("op") == "pinned":
                 return reply
 
+    def time(self, batch: int, warmup: int, steps: int, timeout: float = 3600.0) -> dict[str, Any]:
+        """Run the program compiled at ``batch`` (as training compiles it) in the child on real
+        arguments: ``warmup`` calls, then ``steps`` timed ones. Returns the child's answer: ``ok``,
+        ``step_seconds``, ``first_call_seconds``, or ``error`` (and ``oom``)."""
+        self._send({"op": "time", "batch": batch, "warmup": warmup, "steps": steps})
+        while True:
+            reply = self._receive(timeout, f"time the program of batch {batch}")
+            if reply.get("op") == "timed":
+                return reply
+
     def process_overhead(self) -> Overhead:
         """Measure the device memory the child holds outside the XLA pool (GPU only)."""
         self._send({"op": "overhead"})

@@ -79,6 +79,9 @@ class FitOptions:
         loads its data and model first).
       pin: Write the program that proved the answer for the run to load (:mod:`jaxfit.fit.pin`);
         what-if cells turn it off (they answer for cards and meshes that will not run here).
+      time_steps: ``(warmup, steps)``: also run the answer's program in the compile process that
+        proved it, on real arguments, and time it (``FitResult.timing``; ``jaxfit tune --measure
+        inline``); the answer cache is not read then (it keeps no program to run).
     """
 
     mem_fraction: float | None = None
@@ -93,6 +96,7 @@ class FitOptions:
     verify: bool = True
     start_timeout: Annotated[float, tyro.conf.arg(name="probe-timeout")] = DEFAULT_START_TIMEOUT
     pin: tyro.conf.Suppress[bool] = True
+    time_steps: tyro.conf.Suppress[tuple[int, int] | None] = None
 
     def resolved_fraction(self) -> float:
         """The fraction to fit under (:func:`default_mem_fraction` when not given).

@@ -92,6 +92,8 @@ class FitResult:
         ``peak_bytes``; empty when the arguments are not known.
       device_count: Devices the step runs on (its mesh); every byte count above is per device.
       mesh: The step's mesh, ``{axis: size}`` (``{"batch": 2, "fsdp": 2}``); empty for one device.
+      timing: With ``FitOptions.time_steps``: the answer's program run in the compile process
+        (``ok``, ``step_seconds``, ``first_call_seconds``, or ``error``); None otherwise.
     """
 
     mode: FitMode
@@ -119,6 +121,7 @@ class FitResult:
     breakdown: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     device_count: int = 1
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
+    timing: dict[str, Any] | None = None
 
     @property
     def pinned(self) -> bool:

@@ -41,12 +41,17 @@ def main() -> int:
                 args, names, workload.batch_argnum % len(args), description.get("field_names")
             )
 
+        def concrete(batch: int) -> tuple:
+            return tuple(server_mod.real_arguments(tuple(workload.abstract_args(batch))))
+
         server = server_mod.Server(
             workload.lower,
             replies,
             {"name": workload.name, "description": description},
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
             components=components,
+            concrete=None if topology == "mock" else concrete,  # a mocked topology cannot run
+            donated=workload.donate_argnums,
         )
         server.info.update(topology=topology, mesh_devices=mesh.devices)
     except Exception as e:

@@ -80,6 +80,10 @@ class TuneOptions:
       micro_batches: Micro-batches tried per setting, largest first.
       measure_timeout: Seconds a measuring process may take.
       use_cache: Reuse measurements of the same program, fraction, device and versions.
+      measure: ``process``: each candidate trains in a fresh process with its pinned program (the
+        step and the time between steps, the script's data loading included); ``inline``: the
+        program is run where it was proven, in the compile process, on real arguments of its shapes
+        (no start-up per candidate; the step alone; built-in examples only so far).
     """
 
     global_batch: int | None = None
@@ -90,6 +94,7 @@ class TuneOptions:
     micro_batches: int = 3
     measure_timeout: float = 900.0
     use_cache: bool = True
+    measure: Literal["process", "inline"] = "process"
 
     def validate(self) -> TuneOptions:
         from jaxfit.errors import ConfigError
@@ -102,6 +107,8 @@ class TuneOptions:
             raise ConfigError(f"--budget {self.budget_seconds} must be more than 0 seconds")
         if self.micro_batches < 1:
             raise ConfigError(f"--micro-batches {self.micro_batches} must be at least 1")
+        if self.measure not in ("process", "inline"):
+            raise ConfigError(f"--measure {self.measure!r} is not one of process, inline")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"--peak-tflops {self.peak_tflops} must be positive")
         return self
@@ -137,6 +144,8 @@ class Row:
     bytes_per_sample: int | None = None
     input_bytes_per_second: float | None = None
     cached: bool = False
+    measured_in: str = ""
+    """``process`` (a fresh training process) or ``compile process`` (``--measure inline``)."""
     pin: str | None = None
     precision: str = ""
     remat: bool = False
@@ -314,6 +323,8 @@ def _rows_of_setting(
     """Fit one setting: its largest micro-batch, then each micro-batch to try; a row for each."""
     dtype, remat = _dtype_of(setting, target), setting.remat
     cap = tune.global_batch or options.max_batch
+    if tune.measure == "inline":  # each proof also times its program where it was compiled
+        options = dataclasses.replace(options, time_steps=(tune.warmup, tune.steps))
     notify(progress, "note", text=f"tune: {setting.name}: the largest micro-batch up to {cap}")
     try:
         largest = fit_batch(
@@ -454,6 +465,17 @@ def _measure_in(folder: Path, target: Target, fit: FitResult, tune: TuneOptions,
     return measured
 
 
+def _timed_inline(fit: FitResult) -> dict[str, Any]:
+    """What the proof's compile process measured of its program (``FitOptions.time_steps``), in the
+    shape of a fresh process's report."""
+    timing = fit.timing or {}
+    if timing.get("ok"):
+        return {"step_seconds": timing["step_seconds"], "first_call_seconds": timing.get("first_call_seconds")}
+    error = str(timing.get("error") or "the compile process did not time it")
+    tail = f"RESOURCE_EXHAUSTED: {error}" if timing.get("oom") else error
+    return {"exit_code": 1, "log_tail": tail}
+
+
 def _apply(row: Row, measured: Mapping[str, Any]) -> None:
     steps = measured.get("step_seconds") or []
     if steps:
@@ -464,7 +486,8 @@ def _apply(row: Row, measured: Mapping[str, Any]) -> None:
         row.outside_step_seconds = statistics.median(outside) if outside else None
         between = row.outside_step_seconds or 0.0
         row.samples_per_second = row.global_batch / (row.step_seconds + between)
-        row.limited_by = "input" if between > row.step_seconds else "step"
+        if row.outside_step_seconds is not None:  # not known when only the step was run (inline)
+            row.limited_by = "input" if between > row.step_seconds else "step"
         if row.bytes_per_sample:  # what the input must deliver for the step, not the input, to set the pace
             row.input_bytes_per_second = row.bytes_per_sample * row.step_samples_per_second
         row.cached = bool(measured.get("cached"))
@@ -575,15 +598,13 @@ def tune(
                     )
                     continue
                 notify(progress, "note", text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps}")
-                measured = _measure(
-                    target,
-                    by_name[row.setting],
-                    row,
-                    fits[(row.setting, row.micro_batch, row.accum_steps)],
-                    tuning,
-                    store,
-                )
+                fit = fits[(row.setting, row.micro_batch, row.accum_steps)]
+                if tuning.measure == "inline":
+                    measured = _timed_inline(fit)
+                else:
+                    measured = _measure(target, by_name[row.setting], row, fit, tuning, store)
                 _apply(row, measured)
+                row.measured_in = "compile process" if tuning.measure == "inline" else "process"
                 if row.samples_per_second:
                     best = max(best, row.samples_per_second)
                     notify(
