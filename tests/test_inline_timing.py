@@ -1,0 +1,33 @@
+"""The compile server's timing of a proven program in its own process (``jaxfit tune --measure
+inline``): real arguments of the abstract shapes, and the donated state fed back between calls."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxfit._probe.jaxfit_compile_server import _fed_back, real_arguments
+
+
+def test_real_arguments_have_the_shapes_dtypes_and_kinds_asked_for():
+    abstract = (
+        {"w": jax.ShapeDtypeStruct((4, 3), jnp.float32), "step": jax.ShapeDtypeStruct((), jnp.int32)},
+        jax.ShapeDtypeStruct((2,), jnp.bfloat16),
+        jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+        7,  # a concrete leaf is kept
+    )
+    state, x, key, seven = real_arguments(abstract)
+    assert state["w"].shape == (4, 3) and state["w"].dtype == jnp.float32 and float(jnp.std(state["w"])) > 0
+    assert state["step"].dtype == jnp.int32 and int(state["step"]) == 0
+    assert x.dtype == jnp.bfloat16 and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and seven == 7
+
+
+def test_the_donated_state_is_fed_back_from_the_output_that_has_its_shapes():
+    state = {"w": jnp.ones((3,)), "n": jnp.zeros((), jnp.int32)}
+    batch = jnp.ones((5, 3))
+    new_state = {"w": jnp.full((3,), 2.0), "n": jnp.ones((), jnp.int32)}
+    metrics = {"loss": jnp.float32(1.0)}
+    fed = _fed_back([state, batch], (metrics, new_state), donated=(0,))
+    assert fed is not None and fed[0] is new_state and fed[1] is batch
+    assert _fed_back([state, batch], (metrics,), donated=(0,)) is None  # no output holds the state
+    assert _fed_back([state, batch], metrics, donated=()) == [state, batch]
