@@ -235,9 +235,9 @@ def test_a_queue_of_given_settings_plans_without_probing(tmp_path):
         """
 device_memory: 8GiB
 experiments:
-  - {name: a, command: [definitely-not-run, --exp-name=a], batch: 8, fraction: 0.5}
-  - {name: b, command: [definitely-not-run, --exp-name=b], batch: 8, fraction: 0.5, global_batch: 32}
-  - {name: c, command: [definitely-not-run, --exp-name=c], batch: 8, fraction: 0.5}
+  - {name: a, command: ['false', --exp-name=a], batch: 8, fraction: 0.5}
+  - {name: b, command: ['false', --exp-name=b], batch: 8, fraction: 0.5, global_batch: 32}
+  - {name: c, command: ['false', --exp-name=c], batch: 8, fraction: 0.5}
 """,
     )
     proc = _cli("schedule", str(queue), "--dry-run", "--json", "p.json", cwd=tmp_path)
