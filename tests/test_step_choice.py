@@ -65,6 +65,14 @@ def test_a_function_returning_its_state_updated_is_the_train_step():
     assert kind.updates_state and kind.state_arg == 0 and kind.batch_arg == 1 and kind.label == "train step"
 
 
+def test_a_state_held_in_bfloat16_is_a_train_state():
+    """numpy does not count bfloat16 as floating: a model held in bfloat16 (a built-in example with
+    dtype=bfloat16) was taken for no train step, and its pinned runs said "not the train step"."""
+    state = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _state())
+    kind = _kind(_train, state, _batch())
+    assert kind.updates_state and kind.label == "train step"
+
+
 def test_an_evaluation_returning_metrics_is_no_train_step_even_when_called_first():
     kind = _kind(_eval, _state(), _batch())
     assert kind.step_like and not kind.updates_state and kind.label == "evaluation"
