@@ -688,16 +688,15 @@ class Server:
 
 
 def _same_shapes(a: Any, b: Any) -> bool:
-    """Whether two pytrees have the same structure and the same shapes and dtypes leaf by leaf."""
+    """Whether two pytrees have the same structure and the same shapes and dtypes leaf by leaf (as
+    :mod:`jaxfit_steps` compares a step's outputs with its arguments)."""
     import jax
 
-    if jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
-        return False
-    return all(
-        getattr(x, "shape", None) == getattr(y, "shape", None)
-        and getattr(x, "dtype", None) == getattr(y, "dtype", None)
-        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-    )
+    def signature(tree: Any) -> Any:
+        flat, treedef = jax.tree_util.tree_flatten(tree)
+        return treedef, [(tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in flat]
+
+    return bool(signature(a) == signature(b))
 
 
 def _fed_back(args: "list", out: Any, donated: "tuple") -> "Optional[list]":
