@@ -260,7 +260,8 @@ def test_inline_measurement_ranks_as_fresh_processes_do(tmp_path, run_cli):
     ranks them as fresh training processes do, with step times of the same order."""
     args = [
         "tune", "--example", "gpt-tiny", "--set", "n_layers=1", "--global-batch", "16", "--remat", "none",
-        "--precision", "float32,bfloat16", "--micro-batches", "1", *TINY,
+        "--precision", "float32,bfloat16", "--micro-batches", "1", "--device-memory", "4GiB", "--mem-fraction",
+        "0.3", "--warmup", "1", "--steps", "3",
     ]  # fmt: skip
     results = {}
     for mode in ("inline", "process"):
@@ -272,6 +273,7 @@ def test_inline_measurement_ranks_as_fresh_processes_do(tmp_path, run_cli):
     order = [[r["setting"] for r in res["rows"] if r["status"] == "measured"] for res in (inline, process)]
     assert order[0] == order[1] and len(order[0]) == 2
     assert all(r["measured_in"] == "compile process" for r in inline["rows"] if r["status"] == "measured")
+    assert not [r["note"] for r in process["rows"] if r["note"]]  # every fresh process ran its pinned program
     assert inline["phase_seconds"]["measure"] < 1  # the programs were timed while they were proven
     for a, b in zip(
         sorted(inline["rows"], key=lambda r: r["setting"]), sorted(process["rows"], key=lambda r: r["setting"])
