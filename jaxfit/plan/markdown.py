@@ -67,7 +67,7 @@ def advice(result: PlanResult, cell: Cell) -> list[str]:
             shards = math.ceil(held / max(1, budget))
             out.append(
                 f"the state alone is {format_bytes(held)} per device, over the {format_bytes(budget)} this card gives "
-                f"at {result.mem_fraction:g}: shard it (FSDP over more than {shards} devices) or train fewer "
+                f"at {result.mem_fraction:g}: shard it (FSDP over at least {shards} devices) or train fewer "
                 "parameters (LoRA: optimizer state and gradients only for the adapters)"
             )
         elif held:
