@@ -151,7 +151,7 @@ def requirements_page(result: PlanResult, *, what: str, command: Sequence[str], 
     lines.append("| --- |" + " ---: |" * len(meshes))
     by_key = {(c.card, c.devices, c.fsdp): c for c in result.cells}
     for card in cards:
-        row = [_answer(by_key[(card.card, m.devices, m.fsdp)]) for m in meshes]
+        row = [_answer(c) if (c := by_key.get((card.card, m.devices, m.fsdp))) else "-" for m in meshes]
         lines.append(f"| {card.card} ({format_bytes(card.card_bytes)}) | " + " | ".join(row) + " |")
     lines += ["", "Batch is the global batch (split over the devices); `+`: the largest batch tried fits.", ""]
     asked = [c for c in result.cells if c.fraction_batch is not None]
@@ -163,16 +163,20 @@ def requirements_page(result: PlanResult, *, what: str, command: Sequence[str], 
         for card in cards:
             row = []
             for m in meshes:
-                c = by_key[(card.card, m.devices, m.fsdp)]
-                row.append(
-                    f"{c.fraction:g}" if c.fraction is not None else ("does not fit" if c.fraction_note else "-")
-                )
+                c = by_key.get((card.card, m.devices, m.fsdp))
+                if c is None or (c.fraction is None and not c.fraction_note):
+                    row.append("-")
+                else:
+                    row.append(f"{c.fraction:g}" if c.fraction is not None else "does not fit")
             lines.append(f"| {card.card} | " + " | ".join(row) + " |")
         lines.append("")
     lines += ["## Card by card", ""]
     for card in cards:
         for m in meshes:
-            cell = by_key[(card.card, m.devices, m.fsdp)]
+            found = by_key.get((card.card, m.devices, m.fsdp))
+            if found is None:  # a table given only some cells
+                continue
+            cell = found
             if cell.status == "not available":
                 lines += [f"### {card.card}, {mesh_label(cell)}: not computed here", "", f"{cell.note}", ""]
                 continue
