@@ -8,11 +8,12 @@ moved aside).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from jaxfit.errors import ConfigError
@@ -95,22 +96,64 @@ def create_state(
     """Write a new schedule's state: the plan, one ``pending`` row per experiment, a ``planned`` event.
 
     Raises:
-      ConfigError: the folder holds an unfinished schedule (resume it, or choose another folder).
+      ConfigError: the folder holds an unfinished schedule (resume it, or choose another folder), or
+        the state cannot be made (a full disk: nothing of it is left).
     """
     ensure_no_schedule(state_dir)
+    with _whole_or_nothing(state_dir):
+        store = StateStore(state_dir / STATE_FILE)
+        by_name = {run.name: run for run in runs}
+        records = []
+        for placement in plan.placements:
+            run, experiment = by_name[placement.name], queue.experiment(placement.name)
+            records.append(
+                ExperimentRecord(
+                    name=run.name,
+                    position=placement.start,
+                    gpu=placement.gpu,
+                    mem_fraction=placement.mem_fraction,
+                    batch_size=run.batch_size,
+                    grad_accum_steps=run.grad_accum_steps,
+                    need_bytes=placement.need_bytes,
+                    command=run.command,
+                    env=tuple(sorted(experiment.env)),
+                    retries=experiment.retries,
+                    timeout=experiment.timeout,
+                    pin_path=_keep_pin(run, state_dir),
+                )
+            )
+        store.add_experiments(records)
+        store.set_meta("queue", queue.to_dict())
+        store.set_meta("runs", [run.to_dict() for run in runs])
+        store.set_meta("plan", plan.to_dict())
+        store.set_meta("logical", logical)
+        store.set_meta("backend", backend)
+        store.set_meta("wandb_group", wandb_group)
+        store.set_meta("created_at", time.time())
+        store.event("planned", f"{len(records)} runs on {len(plan.gpus)} GPUs in {plan.waves} waves")
+        return store
+
+
+@contextlib.contextmanager
+def _whole_or_nothing(state_dir: Path) -> Iterator[None]:
+    """A new state is made whole or not at all: when its disk takes no more (or it cannot be opened),
+    what this call made is removed (a state that was there before is never touched) and the error
+    is one line.
+
+    Raises:
+      ConfigError: naming the folder and the cause; others' ConfigErrors as they are.
+    """
     existed = state_dir.exists()
     had_state = (state_dir / STATE_FILE).exists()
     try:
-        return _fill_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=wandb_group)
-    except (ConfigError, OSError, sqlite3.Error) as e:  # a disk that takes no more: no half-made state is left
-        if had_state:
-            pass  # never touch a state this call did not make
-        elif existed:
+        yield
+    except (ConfigError, OSError, sqlite3.Error) as e:
+        if not existed:
+            shutil.rmtree(state_dir, ignore_errors=True)
+        elif not had_state:
             for name in (STATE_FILE, STATE_FILE + "-wal", STATE_FILE + "-shm", "pins"):
                 path = state_dir / name
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(state_dir, ignore_errors=True)
         if isinstance(e, ConfigError):
             if not str(e).startswith("cannot create"):
                 raise
@@ -119,49 +162,6 @@ def create_state(
             f"cannot create the schedule state in {state_dir} ({getattr(e, 'strerror', None) or e}; is its disk "
             "full?); nothing was started: free space and run again"
         ) from None
-
-
-def _fill_state(
-    state_dir: Path,
-    queue: Queue,
-    runs: Sequence[ScheduledRun],
-    plan: packing.Plan,
-    *,
-    logical: bool,
-    backend: str,
-    wandb_group: str | None,
-) -> StateStore:
-    store = StateStore(state_dir / STATE_FILE)
-    by_name = {run.name: run for run in runs}
-    records = []
-    for placement in plan.placements:
-        run, experiment = by_name[placement.name], queue.experiment(placement.name)
-        records.append(
-            ExperimentRecord(
-                name=run.name,
-                position=placement.start,
-                gpu=placement.gpu,
-                mem_fraction=placement.mem_fraction,
-                batch_size=run.batch_size,
-                grad_accum_steps=run.grad_accum_steps,
-                need_bytes=placement.need_bytes,
-                command=run.command,
-                env=tuple(sorted(experiment.env)),
-                retries=experiment.retries,
-                timeout=experiment.timeout,
-                pin_path=_keep_pin(run, state_dir),
-            )
-        )
-    store.add_experiments(records)
-    store.set_meta("queue", queue.to_dict())
-    store.set_meta("runs", [run.to_dict() for run in runs])
-    store.set_meta("plan", plan.to_dict())
-    store.set_meta("logical", logical)
-    store.set_meta("backend", backend)
-    store.set_meta("wandb_group", wandb_group)
-    store.set_meta("created_at", time.time())
-    store.event("planned", f"{len(records)} runs on {len(plan.gpus)} GPUs in {plan.waves} waves")
-    return store
 
 
 def _keep_pin(run: ScheduledRun, state_dir: Path) -> str | None:
