@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, error_line
+from helpers import FIXTURES, REPO, error_line, processes_with
 
 from jaxfit.cli.output import ProgressPrinter
 from jaxfit.fit.compiler import CompileOutcome
@@ -317,18 +317,8 @@ def test_no_worker_of_the_probed_script_outlives_the_probe(tmp_path, run_cli, mo
     proc = run_cli("fit", "--script", *SMALL, "--", sys.executable, SHAPED, "--workers", start)
     assert proc.returncode == 0, proc.stderr[-2000:]
     time.sleep(1)
-    live = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _environ(p)]
+    live = processes_with(marker)
     assert not live, "the probe left its workers running"
-
-
-def _environ(entry: Path) -> str:
-    """The environment of a live (not zombie) process, or ''."""
-    try:
-        if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return ""
-        return (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except (OSError, IndexError):
-        return ""
 
 
 def test_a_probes_links_are_removed_not_followed_and_late_changes_kept(tmp_path):
@@ -397,22 +387,18 @@ def test_an_interrupt_during_the_scripts_start_up_leaves_none_of_it_running(tmp_
         assert proc.returncode == code, stderr.decode()[-2000:]
         assert stderr.decode().strip().splitlines()[-1] == f"jaxfit: {said}" and b"Traceback" not in stderr
         deadline = time.monotonic() + 3
-        while (live := _live(marker_env)) and time.monotonic() < deadline:
+        while (live := processes_with(marker_env)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not live, "the probed script or its worker outlived jaxfit"
     finally:  # whatever a failure left: ended here, not 2 minutes later
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in _live(marker_env):
+        for pid in processes_with(marker_env):
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except OSError:
                 pass
-
-
-def _live(marker: str) -> list[str]:
-    return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _environ(p)]
 
 
 def test_a_start_up_that_runs_out_of_memory_is_a_does_not_fit_answer(tmp_path, run_cli):
