@@ -687,16 +687,13 @@ class Server:
                 self.send({"op": "error", "kind": "protocol", "message": "unknown op %r" % (op,)})
 
 
-def _same_shapes(a: Any, b: Any) -> bool:
-    """Whether two pytrees have the same structure and the same shapes and dtypes leaf by leaf (as
-    :mod:`jaxfit_steps` compares a step's outputs with its arguments)."""
+def tree_signature(tree: Any) -> Any:
+    """What must be equal for a step's output (or part of one) to be an argument updated: the
+    structure, and the shape and dtype of each leaf (hashable)."""
     import jax
 
-    def signature(tree: Any) -> Any:
-        flat, treedef = jax.tree_util.tree_flatten(tree)
-        return treedef, [(tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in flat]
-
-    return bool(signature(a) == signature(b))
+    flat, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in flat)
 
 
 def _fed_back(args: "list", out: Any, donated: "tuple") -> "Optional[list]":
@@ -706,7 +703,7 @@ def _fed_back(args: "list", out: Any, donated: "tuple") -> "Optional[list]":
     parts = list(out) if isinstance(out, (tuple, list)) else [out]
     nxt = list(args)
     for i in donated:
-        match = next((p for p in parts if _same_shapes(p, args[i])), None)
+        match = next((p for p in parts if tree_signature(p) == tree_signature(args[i])), None)
         if match is None:
             return None
         nxt[i] = match

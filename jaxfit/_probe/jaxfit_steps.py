@@ -90,10 +90,7 @@ def donated_positions(fun: Any, jit_kwargs: "Dict[str, Any]") -> "Tuple[int, ...
 
 def _signature(tree: Any) -> Any:
     """What must be equal for an output part to be an argument updated: structure, shapes, dtypes."""
-    import jax
-
-    flat, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in flat)
+    return _server().tree_signature(tree)
 
 
 def _parts(tree: Any) -> list:
