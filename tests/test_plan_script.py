@@ -167,3 +167,23 @@ def test_a_plan_cut_by_ctrl_c_keeps_its_finished_cells(tmp_path, isolated_cache)
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert json.loads((tmp_path / "p.json").read_text())["cells"][0]["cached"] is True
+
+
+def test_the_requirements_page_says_what_to_change_from_the_plans_own_numbers():
+    from jaxfit.plan.markdown import advice, requirements_page
+    from jaxfit.plan.whatif import Cell, PlanResult
+
+    gib = 2**30
+    state = {"parameters": 12 * gib, "optimizer state": 24 * gib, "other state": 12 * gib}
+    fits = Cell("80GB", 80 * gib, 1, 1, "gpu", batch_size=51, peak_bytes=71 * gib, budget_bytes=72 * gib,
+                outcome="boundary", breakdown={**state, "activations and workspace": 20 * gib})  # fmt: skip
+    small = Cell("48GB", 48 * gib, 1, 1, "does not fit", note="not even batch 1 fits the budget")
+    sharded = Cell("48GB", 48 * gib, 2, 2, "gpu", batch_size=20, peak_bytes=40 * gib, budget_bytes=43 * gib)
+    result = PlanResult("pi0", 0.9, "NVIDIA H100 80GB HBM3", [fits, small, sharded], 1.0, {"name": "train_step"})
+    said = advice(result, small)
+    assert said[0] == "on 2 devices, FSDP 2 it fits: batch 20 (40.00 GiB per device)"
+    assert "the state alone is 48.00 GiB per device, over the 43.20 GiB" in said[1]
+    assert "FSDP over at least 2 devices" in said[1] and said[-1] == "why: not even batch 1 fits the budget"
+    page = requirements_page(result, what="train.py pi0", command=["jaxfit", "plan"], when=0)
+    assert "| 48GB (48.00 GiB) | does not fit | **20** (40.00 GiB) |" in page
+    assert "1970-01-01 00:00 UTC" in page and "train step `train_step`" in page

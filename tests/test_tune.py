@@ -212,3 +212,67 @@ def test_sigterm_while_measuring_leaves_no_process_and_no_temporary_folder(tmp_p
 
 def _measuring(marker: str) -> bool:
     return any("JAXFIT_MEASURE=" in process_environ(pid) for pid in processes_with(marker))
+
+
+def test_a_script_that_ends_before_the_measured_steps_is_not_called_crashed(tmp_path, run_cli):
+    proc = run_cli(
+        "tune", "--script", "--global-batch", "8", "--micro-batches", "8", *TINY, "--json", "t.json", "--",
+        sys.executable, TRAIN, "debug", "--exp-name=tune", "--num-train-steps=1", "--no-wandb-enabled", "--overwrite",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}",
+    )  # fmt: skip
+    rows = [r for r in _result(tmp_path)["rows"] if r["fits"]]
+    assert rows and all(r["status"] == "ended early" for r in rows), proc.stderr[-2000:]
+    assert "--warmup + --steps" in rows[0]["note"]
+
+
+def test_a_script_whose_loader_is_slow_is_named_input_bound(tmp_path, run_cli):
+    """0.3 s per batch from the loader against a step of milliseconds: every measured row says the
+    input limits it, its rate counts the time between steps, and the summary says so."""
+    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
+    proc = run_cli(
+        "tune", "--script", "--micro-batches", "2", "--max-batch", "64", *TINY, "--batch-flag", "--bs",
+        "--json", "t.json", "--", sys.executable, shaped, "--steps", "8", "--input-seconds", "0.3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = [r for r in _result(tmp_path)["rows"] if r["status"] == "measured"]
+    assert measured
+    for r in measured:
+        assert r["limited_by"] == "input" and r["outside_step_seconds"] >= 0.25
+        assert r["samples_per_second"] < r["step_samples_per_second"] / 5
+        assert abs(r["samples_per_second"] - r["global_batch"] / (r["step_seconds"] + r["outside_step_seconds"])) < 1e-6
+    assert "limited by its input" in proc.stdout
+
+
+def test_inline_measurement_ranks_as_fresh_processes_do(tmp_path, run_cli):
+    """--measure inline times each proven program in the compile process that proved it: no start-up
+    per candidate. On two settings far apart on a CPU (bfloat16 matmuls are emulated there), it
+    ranks them as fresh training processes do, with step times of the same order."""
+    args = [
+        "tune", "--example", "gpt-tiny", "--set", "n_layers=1", "--global-batch", "16", "--remat", "none",
+        "--precision", "float32,bfloat16", "--micro-batches", "1", "--device-memory", "4GiB", "--mem-fraction",
+        "0.3", "--warmup", "1", "--steps", "3",
+    ]  # fmt: skip
+    results = {}
+    for mode in ("inline", "process"):
+        proc = run_cli(*args, "--measure", mode, "--json", f"{mode}.json")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results[mode] = _result(tmp_path, f"{mode}.json")
+    inline, process = results["inline"], results["process"]
+    assert inline["best"]["setting"] == process["best"]["setting"]
+    order = [[r["setting"] for r in res["rows"] if r["status"] == "measured"] for res in (inline, process)]
+    assert order[0] == order[1] and len(order[0]) == 2
+    assert all(r["measured_in"] == "compile process" for r in inline["rows"] if r["status"] == "measured")
+    assert not [r["note"] for r in process["rows"] if r["note"]]  # every fresh process ran its pinned program
+    assert inline["phase_seconds"]["measure"] < 1  # the programs were timed while they were proven
+    for a, b in zip(
+        sorted(inline["rows"], key=lambda r: r["setting"]), sorted(process["rows"], key=lambda r: r["setting"])
+    ):
+        assert 0.33 < a["step_seconds"] / b["step_seconds"] < 3, (a, b)
+
+
+def test_inline_measurement_of_a_script_is_refused_in_one_line(run_cli):
+    proc = run_cli("tune", "--script", "--measure", "inline", "--", sys.executable, TRAIN, "debug", "--exp-name=x")
+    assert proc.returncode == 2
+    assert error_line(proc) == (
+        "jaxfit: error: --measure inline is for built-in examples so far; a script is measured in fresh processes"
+    )
