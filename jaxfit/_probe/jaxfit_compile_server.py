@@ -516,6 +516,20 @@ class Server:
             while len(self._kept) > KEPT_EXECUTABLES:
                 self._kept.popitem(last=False)
 
+    def _training_program(self, batch: int) -> "tuple[tuple, bool]":
+        """``((fingerprint, compiled, memory), recompiled)``: the program kept from the compile at
+        ``batch`` with the options training uses, or, when there is none (its analysis came from
+        jaxfit's cache, or it was dropped), that batch compiled now."""
+        with self._kept_lock:
+            kept = self._kept.get(batch)
+        if kept is not None:
+            return kept, False
+        with self._lower_lock, runtime_typechecks_off():
+            lowered = self.lower(batch)
+            fingerprint = program_fingerprint(lowered)
+        compiled = lowered.compile()
+        return (fingerprint, compiled, memory_of(compiled)), True
+
     def pin(self, batch: int, path: str) -> Dict[str, Any]:
         """Write the program compiled at ``batch`` (as training compiles it) to ``path``.
 
@@ -526,16 +540,7 @@ class Server:
         """
         start = time.perf_counter()
         try:
-            with self._kept_lock:
-                kept = self._kept.get(batch)
-            recompiled = kept is None
-            if kept is None:
-                with self._lower_lock, runtime_typechecks_off():
-                    lowered = self.lower(batch)
-                    fingerprint = program_fingerprint(lowered)
-                compiled = lowered.compile()
-                kept = (fingerprint, compiled, memory_of(compiled))
-            fingerprint, compiled, memory = kept
+            (fingerprint, compiled, memory), recompiled = self._training_program(batch)
             from jax.experimental import serialize_executable
 
             payload = serialize_executable.serialize(compiled)[0]
@@ -621,16 +626,7 @@ class Server:
         try:
             if self.concrete is None:
                 raise RuntimeError("this process cannot run the step (no real arguments)")
-            with self._kept_lock:
-                kept = self._kept.get(batch)
-            if kept is None:
-                with self._lower_lock, runtime_typechecks_off():
-                    lowered = self.lower(batch)
-                    fingerprint = program_fingerprint(lowered)
-                compiled = lowered.compile()
-                self._keep(batch, fingerprint, compiled, memory_of(compiled))
-            else:
-                compiled = kept[1]
+            (_, compiled, _), _ = self._training_program(batch)
             args = list(self.concrete(batch))
             times: "list[float]" = []
             first = None
