@@ -276,3 +276,51 @@ def test_inline_measurement_of_a_script_is_refused_in_one_line(run_cli):
     assert error_line(proc) == (
         "jaxfit: error: --measure inline is for built-in examples so far; a script is measured in fresh processes"
     )
+
+
+def test_a_candidate_clearly_slower_than_the_best_is_dropped_after_a_short_look(tmp_path, run_cli):
+    """Successive halving, measured as it runs: the second setting's loader takes 0.4 s a batch on
+    purpose; after a quarter of --steps it is far below the first setting's rate and is stopped
+    there (dropped, not measured longer), and the summary says so. --drop-margin None measures it whole."""
+    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
+    args = [
+        "tune", "--script", "--axis=--input-seconds=0,0.4", "--max-batch", "8", "--device-memory", "1GiB",
+        "--mem-fraction", "0.3", "--warmup", "1", "--steps", "8", "--batch-flag", "--bs",
+    ]  # fmt: skip
+    command = ["--", sys.executable, shaped, "--steps", "30"]
+    proc = run_cli(*args, "--json", "t.json", *command)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["setting"]: r for r in _result(tmp_path)["rows"]}
+    fast, slow = rows["--input-seconds=0"], rows["--input-seconds=0.4"]
+    assert fast["status"] == "measured" and fast["timed_steps"] == 8
+    assert slow["status"] == "dropped" and slow["timed_steps"] == 2, slow  # a quarter of 8
+    assert slow["samples_per_second"] < 0.9 * fast["samples_per_second"]
+    assert slow["note"].startswith("dropped after 2 timed steps")
+    assert _result(tmp_path)["best"]["setting"] == "--input-seconds=0"
+    assert "1 dropped after 2 timed step(s) as clearly slower" in proc.stdout
+
+    whole = run_cli(*args, "--drop-margin", "None", "--json", "w.json", *command)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    slow = next(r for r in _result(tmp_path, "w.json")["rows"] if r["setting"] == "--input-seconds=0.4")
+    assert slow["status"] == "measured" and slow["timed_steps"] == 8
+
+
+def test_inline_measurement_drops_a_setting_made_slow_on_purpose():
+    """--measure inline: the compile process that proves a program times it, and stops timing one
+    that is clearly slower (eight layers against one) after a quarter of the steps."""
+    from jaxfit.fit import FitOptions
+    from jaxfit.fit.sources import example_source
+    from jaxfit.tune import Setting, Target, TuneOptions, tune
+
+    fast, slow = Setting("one layer", (("n_layers", "1"),)), Setting("eight layers", (("n_layers", "8"),))
+    result = tune(
+        Target(example=example_source("gpt-tiny")),
+        [fast, slow],
+        FitOptions(mem_fraction=0.3, device_memory_bytes=4 << 30, max_batch=8),
+        TuneOptions(global_batch=8, warmup=1, steps=8, micro_batches=1, measure="inline"),
+    )
+    rows = {r.setting: r for r in result.rows}
+    assert rows["one layer"].status == "measured" and rows["one layer"].timed_steps == 8
+    assert rows["eight layers"].status == "dropped" and rows["eight layers"].timed_steps == 2
+    assert rows["eight layers"].measured_in == "compile process"
+    assert result.best is rows["one layer"]

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterator, Optional, TextIO
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, TextIO
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 REPLY_FD_ENV = "JAXFIT_REPLY_FD"
@@ -616,10 +616,14 @@ class Server:
                 }
         return {"op": "overhead", "bytes": None, "method": "this process is not in nvidia-smi's list"}
 
-    def time_step(self, batch: int, warmup: int, steps: int) -> Dict[str, Any]:
+    def time_step(
+        self, batch: int, warmup: int, steps: int, give_up: "Optional[Sequence[float]]" = None
+    ) -> Dict[str, Any]:
         """Run the program compiled at ``batch`` as training compiles it (compiling it if it was not
         kept) on real arguments, ``warmup`` calls untimed and ``steps`` timed, each waited for; the
-        donated arguments are fed back from the outputs, as a training loop does. Never raises."""
+        donated arguments are fed back from the outputs, as a training loop does. With ``give_up``
+        ``(look, seconds per sample)``: stop after ``look`` timed calls that took more than that
+        times ``batch`` each on average (``stopped_early``). Never raises."""
         import jax
 
         start = time.perf_counter()
@@ -630,6 +634,7 @@ class Server:
             args = list(self.concrete(batch))
             times: "list[float]" = []
             first = None
+            stopped = False
             for i in range(warmup + steps):
                 t0 = time.perf_counter()
                 out = compiled(*args)
@@ -639,6 +644,10 @@ class Server:
                     first = elapsed
                 if i >= warmup:
                     times.append(elapsed)
+                    if give_up is not None and len(times) == int(give_up[0]) < steps:
+                        stopped = sum(times) / len(times) > float(give_up[1]) * batch
+                        if stopped:
+                            break
                 fed = _fed_back(args, out, self.donated)
                 if fed is None:  # the step returns no state in the donated one's place: fresh arguments
                     del out
@@ -651,6 +660,7 @@ class Server:
                 "batch": batch,
                 "step_seconds": times,
                 "first_call_seconds": first,
+                "stopped_early": stopped,
                 "seconds": time.perf_counter() - start,
             }
         except Exception as e:
@@ -676,7 +686,11 @@ class Server:
             elif op == "overhead":
                 self.send(self.process_overhead())
             elif op == "time":
-                self.send(self.time_step(int(request["batch"]), int(request["warmup"]), int(request["steps"])))
+                self.send(
+                    self.time_step(
+                        int(request["batch"]), int(request["warmup"]), int(request["steps"]), request.get("give_up")
+                    )
+                )
             elif op == "quit":
                 return
             else:

@@ -6,7 +6,11 @@ train step (the pinned one when there is a pin): each call waits for its outputs
 spends between two calls (its data loading, logging) is measured too. After ``WARMUP`` calls that
 are not counted (the first one compiles or loads the program) and ``STEPS`` timed ones, the times
 are written as JSON to ``$JAXFIT_MEASURE_REPORT`` and the process ends: a measurement never trains
-longer than it needs. Standard library + jax only (it runs in the script's environment).
+longer than it needs. With ``$JAXFIT_MEASURE_GIVE_UP`` set to ``LOOK,SECONDS``, it ends after the
+first ``LOOK`` timed calls already when they took more than ``SECONDS`` a step on average (the step
+and the time before it): a candidate clearly slower than the best one measured so far is not
+measured longer (the report says ``stopped_early``). Standard library + jax only (it runs in the
+script's environment).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, Dict, List, Optional
 
 MEASURE_ENV = "JAXFIT_MEASURE"
 REPORT_ENV = "JAXFIT_MEASURE_REPORT"
+GIVE_UP_ENV = "JAXFIT_MEASURE_GIVE_UP"
 
 
 def plan() -> "Optional[tuple[int, int]]":
@@ -31,12 +36,37 @@ def plan() -> "Optional[tuple[int, int]]":
     return max(0, int(warmup)), max(1, int(steps))
 
 
+def give_up() -> "Optional[tuple[int, float]]":
+    """``(look, seconds)`` from ``$JAXFIT_MEASURE_GIVE_UP``, or None: measure every step asked for."""
+    text = os.environ.get(GIVE_UP_ENV)
+    if not text:
+        return None
+    look, _, seconds = text.partition(",")
+    return max(1, int(look)), float(seconds)
+
+
+def too_slow(step_seconds: "List[float]", outside_seconds: "List[float]", look: int, seconds: float) -> bool:
+    """Whether the first ``look`` timed steps (each with the time before it) took more than
+    ``seconds`` a step on average: the test that ends a measurement early."""
+    if len(step_seconds) != look:
+        return False
+    return (sum(step_seconds) + sum(outside_seconds[:look])) / look > seconds
+
+
 class MeasuredStep:
     """Stands in for the train step while ``jaxfit tune`` measures it (module docstring)."""
 
-    def __init__(self, step: Any, warmup: int, steps: int, report_path: Optional[str]) -> None:
+    def __init__(
+        self,
+        step: Any,
+        warmup: int,
+        steps: int,
+        report_path: Optional[str],
+        give_up_after: "Optional[tuple[int, float]]" = None,
+    ) -> None:
         self._step = step
         self._warmup, self._steps = warmup, steps
+        self._give_up_after = give_up_after
         self._report_path = report_path
         self._step_seconds: List[float] = []
         self._outside_seconds: List[float] = []
@@ -72,12 +102,15 @@ class MeasuredStep:
                     self._outside_seconds.append(start - self._last_end)
             self._last_end = end
             done = len(self._step_seconds) >= self._steps
-        if done:
-            self._finish(args)
+            stop = not done and self._give_up_after is not None
+            stop = stop and too_slow(self._step_seconds, self._outside_seconds, *self._give_up_after)
+        if done or stop:
+            self._finish(stopped_early=stop)
         return out
 
-    def _finish(self, args: tuple) -> None:
+    def _finish(self, stopped_early: bool = False) -> None:
         report: Dict[str, Any] = {
+            "stopped_early": stopped_early,
             "step_seconds": self._step_seconds,
             "outside_step_seconds": self._outside_seconds,
             "first_call_seconds": self._first_call_seconds,
@@ -90,7 +123,12 @@ class MeasuredStep:
                 json.dump(report, f)
             os.replace(tmp, self._report_path)
         print(
-            "jaxfit: measured %d steps after %d warm-up calls; stopping the run" % (self._steps, self._warmup),
+            "jaxfit: measured %d steps after %d warm-up calls; stopping the run%s"
+            % (
+                len(self._step_seconds),
+                self._warmup,
+                " (slower than the best candidate measured so far)" if stopped_early else "",
+            ),
             file=sys.stderr,
             flush=True,
         )

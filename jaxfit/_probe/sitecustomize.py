@@ -404,7 +404,9 @@ def _patch_jax(jax_module: Any) -> None:
             import jaxfit_measure
 
             warmup, steps = jaxfit_measure.plan() or (1, 1)
-            step = jaxfit_measure.MeasuredStep(step, warmup, steps, os.environ.get(jaxfit_measure.REPORT_ENV))
+            step = jaxfit_measure.MeasuredStep(
+                step, warmup, steps, os.environ.get(jaxfit_measure.REPORT_ENV), jaxfit_measure.give_up()
+            )
         return step
 
     _replace_jit(jax_module, choose)

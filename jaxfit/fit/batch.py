@@ -248,7 +248,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                 root=pins_root(options.use_cache),
             )
         overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
-        timing = child.time(answer, *options.time_steps) if options.time_steps else None
+        timing = child.time(answer, *options.time_steps, give_up=options.time_give_up) if options.time_steps else None
     except BaseException as e:
         child.close(polite=isinstance(e, Exception))  # interrupted: at once
         raise

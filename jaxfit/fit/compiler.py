@@ -101,6 +101,7 @@ HOOK_VARIABLES = (
     "JAXFIT_HOOK_OWNER",
     "JAXFIT_MEASURE",
     "JAXFIT_MEASURE_REPORT",
+    "JAXFIT_MEASURE_GIVE_UP",
     "JAXFIT_MEASURE_STEP_NAME",
     "JAXFIT_PIN",
     "JAXFIT_PIN_REPORT",
@@ -478,11 +479,23 @@ class CompileChild:
             if reply.get("op") == "pinned":
                 return reply
 
-    def time(self, batch: int, warmup: int, steps: int, timeout: float = 3600.0) -> dict[str, Any]:
+    def time(
+        self,
+        batch: int,
+        warmup: int,
+        steps: int,
+        give_up: tuple[int, float] | None = None,
+        timeout: float = 3600.0,
+    ) -> dict[str, Any]:
         """Run the program compiled at ``batch`` (as training compiles it) in the child on real
-        arguments: ``warmup`` calls, then ``steps`` timed ones. Returns the child's answer: ``ok``,
-        ``step_seconds``, ``first_call_seconds``, or ``error`` (and ``oom``)."""
-        self._send({"op": "time", "batch": batch, "warmup": warmup, "steps": steps})
+        arguments: ``warmup`` calls, then ``steps`` timed ones; with ``give_up = (look, seconds per
+        sample)``, only ``look`` timed ones when they took longer than that a sample on average. Returns the
+        child's answer: ``ok``, ``step_seconds``, ``first_call_seconds``, ``stopped_early``, or
+        ``error`` (and ``oom``)."""
+        request: dict[str, Any] = {"op": "time", "batch": batch, "warmup": warmup, "steps": steps}
+        if give_up is not None:
+            request["give_up"] = list(give_up)
+        self._send(request)
         while True:
             reply = self._receive(timeout, f"time the program of batch {batch}")
             if reply.get("op") == "timed":

@@ -82,6 +82,9 @@ class FitOptions:
       time_steps: ``(warmup, steps)``: also run the answer's program in the compile process that
         proved it, on real arguments, and time it (``FitResult.timing``; ``jaxfit tune --measure
         inline``); the answer cache is not read then (it keeps no program to run).
+      time_give_up: ``(look, seconds per sample)`` with ``time_steps``: stop timing after ``look``
+        timed steps when they took longer than that per sample of the batch on average (a candidate
+        clearly slower than the best one so far; ``FitResult.timing["stopped_early"]``).
     """
 
     mem_fraction: float | None = None
@@ -97,6 +100,7 @@ class FitOptions:
     start_timeout: Annotated[float, tyro.conf.arg(name="probe-timeout")] = DEFAULT_START_TIMEOUT
     pin: tyro.conf.Suppress[bool] = True
     time_steps: tyro.conf.Suppress[tuple[int, int] | None] = None
+    time_give_up: tyro.conf.Suppress[tuple[int, float] | None] = None
 
     def resolved_fraction(self) -> float:
         """The fraction to fit under (:func:`default_mem_fraction` when not given).

@@ -11,8 +11,13 @@ For each setting (remat and precision of a built-in example, or a script's own f
    comes first, is not counted).
 3. **Measure**: a fresh training process under the fraction loads the candidate's pinned program,
    runs warm-up steps, then timed steps (jaxfit's start-up hook times each step, and the time the
-   script spends between steps), and is stopped (:mod:`jaxfit._probe.jaxfit_measure`).
-   Measurements are cached by the program's fingerprint, the fraction, the device and the versions.
+   script spends between steps), and is stopped (:mod:`jaxfit._probe.jaxfit_measure`); or, with
+   ``--measure inline``, the compile process that proved the program times it. **Candidates that
+   are clearly slower stop early**: after the first quarter of the timed steps (of 4 or more), a candidate more
+   than ``--drop-margin`` (10 %) below the best rate measured so far is dropped (successive
+   halving in its asynchronous form: each candidate is compared with the best so far as it runs,
+   so no candidate pays a second start-up to be measured longer). Measurements are cached by the
+   program's fingerprint, the fraction, the device and the versions (whole ones only).
 4. **Rank** by samples per second, with the compiled peak and headroom, step time, MFU (model
    FLOPs from the compiled cost analysis of the same step without remat, where it was compiled;
    else the program's own FLOPs, recompute included, and the row says so) and the input bandwidth
@@ -62,8 +67,14 @@ Status = Literal[
     "timed out",
     "cannot win",
     "budget spent",
+    "dropped",
     "not run",
 ]
+
+DROP_MARGIN = 0.10
+"""By default a candidate is dropped when its first timed steps run this much slower than the best
+rate measured so far: far outside the noise of a step's time (a few per cent), and far from the
+3 % within which candidates count as equally fast."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +95,9 @@ class TuneOptions:
         step and the time between steps, the script's data loading included); ``inline``: the
         program is run where it was proven, in the compile process, on real arguments of its shapes
         (no start-up per candidate; the step alone; built-in examples only so far).
+      drop_margin: Stop measuring a candidate after :attr:`look_steps` timed steps when its rate is
+        more than this share below the best measured so far (its row says ``dropped``); None:
+        measure every candidate fully.
     """
 
     global_batch: int | None = None
@@ -95,6 +109,13 @@ class TuneOptions:
     measure_timeout: float = 900.0
     use_cache: bool = True
     measure: Literal["process", "inline"] = "process"
+    drop_margin: float | None = DROP_MARGIN
+
+    @property
+    def look_steps(self) -> int:
+        """Timed steps after which a clearly slower candidate is dropped: a quarter of them (none
+        is dropped when fewer than 4 steps are timed: one step is too noisy a look to judge by)."""
+        return max(1, self.steps // 4)
 
     def validate(self) -> TuneOptions:
         from jaxfit.errors import ConfigError
@@ -109,6 +130,11 @@ class TuneOptions:
             raise ConfigError(f"--micro-batches {self.micro_batches} must be at least 1")
         if self.measure not in ("process", "inline"):
             raise ConfigError(f"--measure {self.measure!r} is not one of process, inline")
+        if self.drop_margin is not None and not 0 <= self.drop_margin < 1:
+            raise ConfigError(
+                f"--drop-margin {self.drop_margin} must be in [0, 1) (0.1: drop a candidate 10% slower than the best "
+                "after its first steps); None measures every candidate fully"
+            )
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"--peak-tflops {self.peak_tflops} must be positive")
         return self
@@ -128,6 +154,8 @@ class Row:
     status: Status = "not run"
     note: str = ""
     step_seconds: float | None = None
+    timed_steps: int | None = None
+    """Steps timed (fewer than ``--steps`` for a dropped row)."""
     samples_per_second: float | None = None
     """What training gets: the global batch over the step's time and the time between two steps
     (the script's data loading, logging); the step's own time alone when that was not measured."""
@@ -263,6 +291,31 @@ class Target:
         )
 
 
+# -- the best so far, and when a candidate is dropped --------------------------------------------
+
+
+@dataclasses.dataclass
+class _Leader:
+    """The best rate measured so far (whole measurements only), and the give-up test the next
+    candidate is measured under."""
+
+    tuning: TuneOptions
+    rate: float = 0.0
+
+    def record(self, row: Row) -> None:
+        if row.status == "measured" and row.samples_per_second:
+            self.rate = max(self.rate, row.samples_per_second)
+
+    def give_up(self) -> tuple[int, float] | None:
+        """``(look, seconds per sample)``: a candidate whose first ``look`` timed steps take longer
+        than that per sample is more than the margin below the best so far; None before anything
+        was measured, without a margin, or with fewer than 4 timed steps."""
+        margin, look = self.tuning.drop_margin, self.tuning.look_steps
+        if margin is None or not self.rate or self.tuning.steps < 4:
+            return None
+        return look, 1.0 / (self.rate * (1 - margin))
+
+
 # -- fitting each candidate ------------------------------------------------------------------------
 
 
@@ -318,17 +371,29 @@ def _flops_per_step(micro: int, accum: int, fit: FitResult, largest: FitResult) 
 
 
 def _rows_of_setting(
-    target: Target, setting: Setting, options: FitOptions, tune: TuneOptions, progress: Progress | None
+    target: Target,
+    setting: Setting,
+    options: FitOptions,
+    tune: TuneOptions,
+    leader: _Leader,
+    progress: Progress | None,
 ) -> tuple[list[Row], dict[tuple[int, int], FitResult]]:
-    """Fit one setting: its largest micro-batch, then each micro-batch to try; a row for each."""
+    """Fit one setting: its largest micro-batch, then each micro-batch to try; a row for each.
+    With ``--measure inline`` each proof also times its program where it was compiled (dropped
+    early when clearly slower than the ``leader``), and its row is measured here."""
     dtype, remat = _dtype_of(setting, target), setting.remat
     cap = tune.global_batch or options.max_batch
-    if tune.measure == "inline":  # each proof also times its program where it was compiled
-        options = dataclasses.replace(options, time_steps=(tune.warmup, tune.steps))
+    inline = tune.measure == "inline"
+
+    def timed(o: FitOptions) -> FitOptions:
+        return dataclasses.replace(o, time_steps=(tune.warmup, tune.steps), time_give_up=leader.give_up())
+
     notify(progress, "note", text=f"tune: {setting.name}: the largest micro-batch up to {cap}")
     try:
         largest = fit_batch(
-            target.source(setting, 1, None), dataclasses.replace(options, max_batch=cap), progress=progress
+            target.source(setting, 1, None),
+            dataclasses.replace(timed(options) if inline else options, max_batch=cap),
+            progress=progress,
         )
     except DoesNotFitError as err:
         g = tune.global_batch or 1
@@ -342,7 +407,7 @@ def _rows_of_setting(
         accum = (tune.global_batch or micro) // micro
         row = Row(setting.name, micro, accum, micro * accum, precision=dtype, remat=remat)
         try:
-            fit = _prove(target, setting, micro, accum, largest, options, progress)
+            fit = _prove(target, setting, micro, accum, largest, timed(options) if inline else options, progress)
         except JaxfitError as err:
             row.status, row.note = "does not fit", str(err).split(";")[0]
             rows.append(row)
@@ -352,6 +417,10 @@ def _rows_of_setting(
         row.flops_per_step = _flops_per_step(micro, accum, fit, largest)
         row.bytes_per_sample = batch_bytes // row.global_batch if batch_bytes else None
         row.pin = fit.pin["path"] if fit.pin else None
+        if inline:
+            _apply(row, _timed_inline(fit))
+            row.measured_in = "compile process"
+            leader.record(row)
         rows.append(row)
         fits[(micro, accum)] = fit
     if not rows:
@@ -391,9 +460,16 @@ def _measure_key(row: Row, fit: FitResult, command: Sequence[str], tune: TuneOpt
 
 
 def _measure(
-    target: Target, setting: Setting, row: Row, fit: FitResult, tune: TuneOptions, cache: JsonStore | None
+    target: Target,
+    setting: Setting,
+    row: Row,
+    fit: FitResult,
+    tune: TuneOptions,
+    cache: JsonStore | None,
+    give_up: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
-    """Run the candidate in a fresh process with its pinned program; what the hook measured.
+    """Run the candidate in a fresh process with its pinned program; what the hook measured
+    (``give_up``: :meth:`_Leader.give_up`, a candidate clearly slower is stopped after its look).
 
     What a script's start-up creates in its folder and holds no data is removed after each run, so
     the next one starts as this one did (a checkpoint folder would otherwise stop it)."""
@@ -405,17 +481,26 @@ def _measure(
             return dict(hit, cached=True)
     folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
     try:
-        measured = _measure_in(folder, target, fit, tune, command)
+        per_step = (give_up[0], give_up[1] * row.global_batch) if give_up else None
+        measured = _measure_in(folder, target, fit, tune, command, per_step)
     finally:  # the log, the reports: read by now, kept by no one
         shutil.rmtree(folder, ignore_errors=True)
-    if cache is not None and key is not None and "step_seconds" in measured:
+    if cache is not None and key is not None and "step_seconds" in measured and not measured.get("stopped_early"):
         cache.put(key, measured)
     return dict(measured, cached=False)
 
 
-def _measure_in(folder: Path, target: Target, fit: FitResult, tune: TuneOptions, command: list[str]) -> dict[str, Any]:
-    """Run ``command`` measuring its steps, with its log and reports in ``folder``; what it
-    creates (its checkpoint folder, wandb's temporary folders) is taken away after it."""
+def _measure_in(
+    folder: Path,
+    target: Target,
+    fit: FitResult,
+    tune: TuneOptions,
+    command: list[str],
+    give_up: tuple[int, float] | None,
+) -> dict[str, Any]:
+    """Run ``command`` measuring its steps, with its log and reports in ``folder`` (``give_up``:
+    ``(look, seconds per step)``); what it creates (its checkpoint folder, wandb's temporary
+    folders) is taken away after it."""
     report = folder / "measure.json"
     env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
     env.update(
@@ -428,6 +513,8 @@ def _measure_in(folder: Path, target: Target, fit: FitResult, tune: TuneOptions,
             "WANDB_MODE": "disabled",
         }
     )
+    if give_up is not None:
+        env["JAXFIT_MEASURE_GIVE_UP"] = f"{give_up[0]},{give_up[1]!r}"
     pin = Pin.from_dict(fit.pin) if fit.pin else None
     env.update(hook_environment(pin, str(folder / "pin-report.json")))
     cwd = target.script.cwd if target.script is not None else None
@@ -470,7 +557,11 @@ def _timed_inline(fit: FitResult) -> dict[str, Any]:
     shape of a fresh process's report."""
     timing = fit.timing or {}
     if timing.get("ok"):
-        return {"step_seconds": timing["step_seconds"], "first_call_seconds": timing.get("first_call_seconds")}
+        return {
+            "step_seconds": timing["step_seconds"],
+            "first_call_seconds": timing.get("first_call_seconds"),
+            "stopped_early": bool(timing.get("stopped_early")),
+        }
     error = str(timing.get("error") or "the compile process did not time it")
     tail = f"RESOURCE_EXHAUSTED: {error}" if timing.get("oom") else error
     return {"exit_code": 1, "log_tail": tail}
@@ -479,7 +570,8 @@ def _timed_inline(fit: FitResult) -> dict[str, Any]:
 def _apply(row: Row, measured: Mapping[str, Any]) -> None:
     steps = measured.get("step_seconds") or []
     if steps:
-        row.status = "measured"
+        row.status = "dropped" if measured.get("stopped_early") else "measured"
+        row.timed_steps = len(steps)
         row.step_seconds = statistics.median(steps)
         row.step_samples_per_second = row.global_batch / row.step_seconds
         outside = measured.get("outside_step_seconds") or []
@@ -493,6 +585,11 @@ def _apply(row: Row, measured: Mapping[str, Any]) -> None:
         row.cached = bool(measured.get("cached"))
         if measured.get("program_pinned") is False:
             row.note = "ran its own program, not the pinned one"
+        if row.status == "dropped":
+            row.note = (
+                f"dropped after {len(steps)} timed step{'s' if len(steps) > 1 else ''}: "
+                f"{row.samples_per_second:.1f} samples/s, clearly below the best measured before it"
+            )
         return
     tail = str(measured.get("log_tail") or "")
     if measured.get("exit_code") is None:
@@ -555,9 +652,10 @@ def tune(
         else contextlib.nullcontext()
     )
     device: dict[str, Any] = {}
+    leader = _Leader(tuning)
     with context:
         for setting in settings:
-            setting_rows, setting_fits = _rows_of_setting(target, setting, options, tuning, progress)
+            setting_rows, setting_fits = _rows_of_setting(target, setting, options, tuning, leader, progress)
             rows.extend(setting_rows)
             fits.update({(setting.name, m, a): f for (m, a), f in setting_fits.items()})
             for f in setting_fits.values():
@@ -579,17 +677,17 @@ def tune(
 
             # The most promising first: the highest bound; without one, the fewest FLOPs per sample
             # and the largest micro-batch.
+            # (--measure inline: the proofs measured them already.)
             order = sorted(
-                (r for r in rows if r.fits),
+                (r for r in rows if r.fits and r.status == "not run"),
                 key=lambda r: (-bound(r), (r.flops_per_step or 0) / r.global_batch, -r.micro_batch),
             )
-            best = 0.0
             measuring = time.perf_counter()  # --budget covers measuring; the fits before it are not counted
             for row in order:
                 bound_row = bound(row)
-                if bound_row < best:
+                if bound_row < leader.rate:
                     row.status = "cannot win"
-                    row.note = f"at most {bound_row:.1f} samples/s at the device's peak; {best:.1f} was measured"
+                    row.note = f"at most {bound_row:.1f} samples/s at the device's peak; {leader.rate:.1f} was measured"
                     continue
                 if tuning.budget_seconds is not None and time.perf_counter() - measuring > tuning.budget_seconds:
                     row.status, row.note = (
@@ -599,26 +697,28 @@ def tune(
                     continue
                 notify(progress, "note", text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps}")
                 fit = fits[(row.setting, row.micro_batch, row.accum_steps)]
-                if tuning.measure == "inline":
-                    measured = _timed_inline(fit)
-                else:
-                    measured = _measure(target, by_name[row.setting], row, fit, tuning, store)
+                measured = _measure(target, by_name[row.setting], row, fit, tuning, store, leader.give_up())
                 _apply(row, measured)
-                row.measured_in = "compile process" if tuning.measure == "inline" else "process"
+                row.measured_in = "process"
+                leader.record(row)
                 if row.samples_per_second:
-                    best = max(best, row.samples_per_second)
                     notify(
                         progress,
                         "note",
-                        text=f"tune:   {row.samples_per_second:.1f} samples/s" + (" (cached)" if row.cached else ""),
+                        text=f"tune:   {row.samples_per_second:.1f} samples/s"
+                        + (" (cached)" if row.cached else "")
+                        + (
+                            f" in {row.timed_steps} step(s): dropped, clearly slower" if row.status == "dropped" else ""
+                        ),
                     )
         finally:
             if store is not None:
                 store.close()
     phases = {"prove": round(proved - start, 2), "measure": round(time.perf_counter() - proved, 2)}
     _mfu(rows, peak_of)
-    rows.sort(key=lambda r: (r.samples_per_second is None, -(r.samples_per_second or 0)))
-    best_row = next((r for r in rows if r.samples_per_second), None)
+    # Whole measurements first, then the dropped (their short look), then the rest.
+    rows.sort(key=lambda r: (r.status != "measured", r.samples_per_second is None, -(r.samples_per_second or 0)))
+    best_row = next((r for r in rows if r.status == "measured"), None)
     command = (
         target.command(by_name[best_row.setting], best_row.micro_batch, best_row.accum_steps) if best_row else None
     )
@@ -656,6 +756,8 @@ def _measurements(options: FitOptions) -> JsonStore | None:
 
 def _message(best: Row | None, rows: Sequence[Row], tuning: TuneOptions) -> str:
     measured = sum(1 for r in rows if r.status == "measured")
+    dropped = sum(1 for r in rows if r.status == "dropped")
+    dropped_words = f", {dropped} dropped after {tuning.look_steps} timed step(s) as clearly slower" if dropped else ""
     if best is None:
         closest = max((r for r in rows if r.fits), key=lambda r: r.micro_batch, default=None)
         reason = "no candidate fits" if closest is None else "no candidate could be measured"
@@ -675,5 +777,5 @@ def _message(best: Row | None, rows: Sequence[Row], tuning: TuneOptions) -> str:
     return (
         f"fastest: {best.setting} at {best.micro_batch} x {best.accum_steps} (global batch {best.global_batch}): "
         f"{best.samples_per_second:.1f} samples/s, step {best.step_seconds:.3f} s{mfu}{limit}; "
-        f"{measured} of {len(rows)} candidates measured"
+        f"{measured} of {len(rows)} candidates measured{dropped_words}"
     )
