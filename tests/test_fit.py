@@ -147,6 +147,14 @@ def test_nothing_fits_says_what_the_smallest_batch_needs():
         jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), smaller)
 
 
+def test_nothing_fits_from_a_raised_min_batch_says_to_lower_it():
+    """A window that starts above the answer (an FSDP fit on two H200s from --min-batch 256 whose
+    answer is lower) is not 'shrink the model': smaller batches were never tried."""
+    window = jaxfit.FitOptions(mem_fraction=0.9, device_memory_bytes=1 << 20, min_batch=2048, max_batch=4096)
+    with pytest.raises(jaxfit.DoesNotFitError, match=r"not even batch 2048 fits .*; lower --min-batch 2048 \(smaller"):
+        jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), window)
+
+
 def test_batches_fitting_above_the_answer_are_reported():
     """Non-monotone curves (measured on an H100: an MLP ran at 2252 and at 2468, not at 2253)."""
     from jaxfit.fit.results import Candidate, fitting_above

@@ -139,6 +139,8 @@ def _does_not_fit(rounds: _Rounds, grid: Grid, options: FitOptions, fraction: fl
         if need is not None and need > total
         else "raise --mem-fraction, lower --headroom, or shrink the model (remat, bf16)"
     )
+    if grid.first > 1 and grid.first > grid.step:  # smaller batches were not searched: they may fit
+        hint = f"lower --min-batch {options.min_batch} (smaller batches were not tried), or {hint}"
     return DoesNotFitError(
         f"not even batch {grid.first} fits the budget of {budget_mod.format_bytes(rounds.budget)} "
         f"(fraction {fraction}): {needs}",
