@@ -204,6 +204,23 @@ def test_gpu_flow_searches_untuned_and_proves_on_tuned_compiles(monkeypatch):
     assert untuned.batch_size == answer and not any(c.autotuned for c in untuned.candidates)
 
 
+def test_gpu_flow_proves_a_window_of_two_batches_in_one_tuned_round(monkeypatch):
+    """A window no untuned round could narrow (a pinned run's answer and the batch above it, tune's
+    exact accumulated batches) is compiled as it will run at once: one round, both autotuned (an
+    H200 spent three rounds on 51..52 of openpi's pi0: untuned, then 52 tuned, then 51 tuned)."""
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
+    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
+    answer = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options).batch_size
+    events: list[tuple[str, dict]] = []
+    window = dataclasses.replace(options, min_batch=answer, max_batch=answer + 1)
+    result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), window, progress=lambda e, d: events.append((e, d)))
+    rounds = [d for e, d in events if e == "round"]
+    assert [(r["autotune"], r["batches"]) for r in rounds] == [(True, [answer, answer + 1])]
+    assert result.batch_size == answer and result.rounds == 1 and result.compiles == 2
+    exact = dataclasses.replace(options, min_batch=answer, max_batch=answer)
+    assert jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), exact).compiles == 1
+
+
 def test_gpu_flow_nothing_fits_is_proved_tuned(monkeypatch):
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(256 * 1024))
     options = jaxfit.FitOptions(mem_fraction=0.5, use_cache=False)

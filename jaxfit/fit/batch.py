@@ -32,7 +32,7 @@ from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome, Devic
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
 from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
-from jaxfit.fit.search import Grid, SearchResult, prove, search
+from jaxfit.fit.search import Grid, prove, search
 from jaxfit.fit.sources import Source
 
 
@@ -223,13 +223,18 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         rounds = _Rounds(child, info, budget, progress)
         # Untuned on a GPU with verification (the proof follows), else the program as it runs
         # (the CPU compiler has no autotuning; --no-verify takes the untuned answer).
-        found: SearchResult = search(
-            rounds.evaluator(not info.limit_sensitive, width),
-            grid,
-            width=width,
-            leave_open=TUNED_WIDTH - 1 if tuned else 0,
-        )
-        if tuned:
+        narrow = tuned and len(grid.between(grid.first - grid.step, grid.last + grid.step)) <= TUNED_WIDTH
+        if narrow:  # a window this narrow (a proof of a known answer, tune's exact batches): an untuned
+            # round could not narrow it, so it is compiled as it will run at once, every point in one round
+            found = search(rounds.evaluator(True, TUNED_WIDTH), grid, width=TUNED_WIDTH)
+        else:
+            found = search(
+                rounds.evaluator(not info.limit_sensitive, width),
+                grid,
+                width=width,
+                leave_open=TUNED_WIDTH - 1 if tuned else 0,
+            )
+        if tuned and not narrow:
             found = prove(rounds.evaluator(True, TUNED_WIDTH), grid, found, budget, width=TUNED_WIDTH)
         if found.answer is None:
             raise _does_not_fit(rounds, grid, options, fraction, total)
