@@ -378,7 +378,8 @@ def device_info() -> Dict[str, Any]:
     limit_sensitive = platform in ("gpu", "cuda", "rocm")
     emulated = os.environ.get(EMULATE_GPU_ENV)
     if emulated and platform == "cpu":
-        fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or 0.75)
+        spelled = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or os.environ.get("XLA_CLIENT_MEM_FRACTION")
+        fraction = float(spelled or 0.75)
         bytes_limit, limit_sensitive = int(int(emulated) * fraction), True
     return {
         "platform": platform,

@@ -9,9 +9,40 @@ that limit, less any headroom the user keeps. Each process also holds memory *ou
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Mapping, MutableMapping
 
 from jaxfit.errors import ConfigError
+
+FRACTION_VARIABLE = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+"""The fraction's spelling every jaxlib reads."""
+NEW_FRACTION_VARIABLE = "XLA_CLIENT_MEM_FRACTION"
+"""XLA's new spelling (openxla/xla#16457): newer jaxlibs read it too, and refuse to start a GPU
+client when both are set ("XLA_CLIENT_MEM_FRACTION is specified together with
+XLA_PYTHON_CLIENT_MEM_FRACTION")."""
+
+
+def fraction_variable(env: Mapping[str, str] | None = None) -> str:
+    """The spelling jaxfit sets for a process: the new one when the environment (default: this
+    process's) already uses it alone, so that the two never meet; else the one every jaxlib reads."""
+    env = os.environ if env is None else env
+    return (
+        NEW_FRACTION_VARIABLE
+        if env.get(NEW_FRACTION_VARIABLE) and not env.get(FRACTION_VARIABLE)
+        else FRACTION_VARIABLE
+    )
+
+
+def set_fraction(env: MutableMapping[str, str], value: str) -> MutableMapping[str, str]:
+    """Set the fraction in a whole environment (one that replaces the process's): under
+    :func:`fraction_variable` of it, the other spelling removed. Returns ``env``."""
+    name = fraction_variable(env)
+    for other in (FRACTION_VARIABLE, NEW_FRACTION_VARIABLE):
+        env.pop(other, None)
+    env[name] = value
+    return env
+
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 

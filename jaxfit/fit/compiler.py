@@ -20,6 +20,7 @@ from typing import Any
 
 from jaxfit import errors
 from jaxfit.errors import WorkerError
+from jaxfit.fit.budget import set_fraction
 from jaxfit.fit.command import check_batch_flag, hooked_pythonpath
 from jaxfit.fit.leftovers import probe_ended, probe_environment, probe_started
 from jaxfit.fit.memory import MemoryReport
@@ -120,7 +121,7 @@ HOOK_VARIABLES = (
 def child_environment(mem_fraction: float, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a compile child: the target fraction, preallocation off."""
     env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
-    env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{mem_fraction:.6g}"
+    set_fraction(env, f"{mem_fraction:.6g}")
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"

@@ -8,6 +8,8 @@ import re
 import shutil
 import subprocess
 
+from jaxfit.fit.budget import set_fraction
+
 
 @dataclasses.dataclass(frozen=True)
 class GPU:
@@ -150,7 +152,7 @@ def cuda_total_bytes(timeout: float = 120.0) -> int | None:
         "import jax, json; d = jax.devices()[0]; "
         "print(json.dumps({'platform': d.platform, 'limit': (d.memory_stats() or {}).get('bytes_limit')}))"
     )
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_MEM_FRACTION="1.0")
+    env = set_fraction(dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"), "1.0")
     env.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)

@@ -25,21 +25,24 @@ DEFAULT_START_TIMEOUT = 900.0
 
 
 def default_mem_fraction() -> float:
-    """``XLA_PYTHON_CLIENT_MEM_FRACTION`` when set (as JAX itself would use), else 0.45.
+    """``XLA_PYTHON_CLIENT_MEM_FRACTION`` (or its new spelling ``XLA_CLIENT_MEM_FRACTION``) when set,
+    as JAX itself would use, else 0.45.
 
     Raises:
-      ConfigError: the variable is not a fraction in (0, 1].
+      ConfigError: the variable is not a fraction in (0, 1]; both spellings are set (jaxlib refuses that).
     """
-    text = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    legacy, new = budget_mod.FRACTION_VARIABLE, budget_mod.NEW_FRACTION_VARIABLE
+    if os.environ.get(legacy) and os.environ.get(new):
+        raise ConfigError(f"both {new} and {legacy} are set, which jaxlib refuses on a GPU; unset {legacy}")
+    name = budget_mod.fraction_variable()
+    text = os.environ.get(name)
     if not text:
         return DEFAULT_MEM_FRACTION
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(
-            f"XLA_PYTHON_CLIENT_MEM_FRACTION={text!r} is not a number; unset it or pass --mem-fraction"
-        ) from None
-    return budget_mod.check_fraction(value, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+        raise ConfigError(f"{name}={text!r} is not a number; unset it or pass --mem-fraction") from None
+    return budget_mod.check_fraction(value, name)
 
 
 def _size_spec() -> tyro.constructors.PrimitiveConstructorSpec[int]:

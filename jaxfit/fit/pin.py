@@ -34,7 +34,7 @@ from typing import Any
 
 from jaxfit._probe.jaxfit_pin import PIN_ENV, REPORT_ENV, load_pin
 from jaxfit.errors import ConfigError
-from jaxfit.fit.budget import format_bytes
+from jaxfit.fit.budget import format_bytes, fraction_variable
 from jaxfit.fit.cache import default_cache_path
 from jaxfit.fit.command import PROBE_DIR
 from jaxfit.fit.compiler import CompileChild, DeviceInfo
@@ -328,7 +328,7 @@ def rehome(pin: Pin | None, key: str | None) -> Pin | None:
 def run_environment(pin: Pin | None, mem_fraction: float) -> dict[str, str]:
     """The environment that runs the proven program in a user's own shell: the fraction, jaxfit's
     start-up hook on PYTHONPATH (prepend it to any PYTHONPATH of your own) and the pin."""
-    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{mem_fraction:g}"}
+    env = {fraction_variable(): f"{mem_fraction:g}"}  # the spelling of the shell it is pasted in
     if pin is not None:
         env.update({"PYTHONPATH": PROBE_DIR, PIN_ENV: pin.path})
     return env

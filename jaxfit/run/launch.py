@@ -15,6 +15,7 @@ from typing import Any
 from jaxfit.errors import ConfigError
 from jaxfit.files import write_json
 from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
+from jaxfit.fit.budget import fraction_variable
 from jaxfit.fit.cache import default_cache_path
 from jaxfit.fit.command import batch_value, check_batch_flag, hooked_pythonpath, with_batch
 from jaxfit.fit.common import Progress
@@ -261,7 +262,7 @@ def _plan(
             here = float(f"{fraction * options.device_memory_bytes / total:.6g}")
     if here != fraction:
         settings.update(card_mem_fraction=fraction, process_mem_fraction=here, mem_fraction=here)
-    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{here:g}"}
+    env = {fraction_variable(): f"{here:g}"}  # never both spellings: jaxlib refuses that
     return RunPlan(command, env, here, batch, settings, fit)
 
 

@@ -20,6 +20,7 @@ from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
 from jaxfit._probe.jaxfit_pin import GUARD_MARKER
 from jaxfit.errors import ConfigError
 from jaxfit.files import write_json
+from jaxfit.fit.budget import fraction_variable
 from jaxfit.fit.command import PROBE_DIR
 from jaxfit.fit.devices import visible_entry
 from jaxfit.fit.pin import Pin, hook_environment, read_report
@@ -166,7 +167,7 @@ class Scheduler:
         settings_path = Path(stem + ".settings.json")
         write_json(settings_path, self._settings(record, attempt))
         env: dict[str, str] = {
-            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{record.mem_fraction:g}",
+            fraction_variable(): f"{record.mem_fraction:g}",  # never both spellings: jaxlib refuses that
             "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
             "JAXFIT_WANDB_CONFIG": str(settings_path.resolve()),
             "PYTHONUNBUFFERED": "1",

@@ -45,7 +45,7 @@ from typing import Any, Literal
 from jaxfit.errors import DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, FitResult, fit_batch
 from jaxfit.fit.answers import device_identity
-from jaxfit.fit.budget import format_bytes
+from jaxfit.fit.budget import format_bytes, set_fraction
 from jaxfit.fit.cache import JsonStore, default_cache_path
 from jaxfit.fit.command import hooked_pythonpath, with_batch
 from jaxfit.fit.common import Progress, notify
@@ -505,7 +505,6 @@ def _measure_in(
     env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
     env.update(
         {
-            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fit.process_fraction:g}",  # a planned smaller card, emulated
             "PYTHONPATH": hooked_pythonpath(),
             "JAXFIT_MEASURE": f"{tune.warmup},{tune.steps}",
             "JAXFIT_MEASURE_REPORT": str(report),
@@ -513,6 +512,7 @@ def _measure_in(
             "WANDB_MODE": "disabled",
         }
     )
+    set_fraction(env, f"{fit.process_fraction:g}")  # a planned smaller card, emulated
     if give_up is not None:
         env["JAXFIT_MEASURE_GIVE_UP"] = f"{give_up[0]},{give_up[1]!r}"
     pin = Pin.from_dict(fit.pin) if fit.pin else None
