@@ -221,6 +221,36 @@ def test_gpu_flow_proves_a_window_of_two_batches_in_one_tuned_round(monkeypatch)
     assert jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), exact).compiles == 1
 
 
+def test_a_planned_card_starts_the_compile_child_once_under_its_limit(monkeypatch):
+    """--device-memory on a larger GPU: the GPU's total is read first (a short JAX process), so the
+    compile child starts once, under the fraction of this GPU that gives the card's limit (a
+    training script's probe used to run its start-up twice: about a minute for openpi's pi0)."""
+    from jaxfit.fit.compiler import CompileChild
+
+    fractions: list[float] = []
+    start = CompileChild.start
+
+    def counted(self):  # the real start, counted
+        fractions.append(self.mem_fraction)
+        return start(self)
+
+    monkeypatch.setattr(CompileChild, "start", counted)
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(64 * MiB))  # a 64 MiB GPU plans a 16 MiB card
+    options = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=16 * MiB, max_batch=4096, use_cache=False)
+    planned = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
+    assert fractions == [0.125]  # 0.5 x 16 MiB of 64 MiB, one start
+    assert planned.limit_bytes == 8 * MiB and planned.device["gpu_total_bytes"] == 64 * MiB
+    assert planned.process_fraction == 0.125
+
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(16 * MiB))  # the card itself gives the same answer
+    itself = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), dataclasses.replace(options, device_memory_bytes=None))
+    assert (itself.batch_size, itself.peak_bytes, itself.limit_bytes) == (
+        planned.batch_size,
+        planned.peak_bytes,
+        planned.limit_bytes,
+    )
+
+
 def test_gpu_flow_nothing_fits_is_proved_tuned(monkeypatch):
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(256 * 1024))
     options = jaxfit.FitOptions(mem_fraction=0.5, use_cache=False)

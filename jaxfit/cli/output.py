@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jaxfit.fit.budget import format_bytes
+from jaxfit.fit.budget import format_bytes, fraction_variable
 from jaxfit.fit.results import FitResult
 
 
@@ -141,7 +141,7 @@ class ProgressPrinter:
     def __call__(self, event: str, data: Mapping[str, Any]) -> None:
         c = self.console
         if event == "starting":
-            c.print(f"[dim]starting a compile child under XLA_PYTHON_CLIENT_MEM_FRACTION={data['fraction']:g}...[/]")
+            c.print(f"[dim]starting a compile child under {fraction_variable()}={data['fraction']:g}...[/]")
         elif event == "start":
             info = data["device"]
             c.print(

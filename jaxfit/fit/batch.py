@@ -85,24 +85,24 @@ def _start_child(
     """The compile child under ``fraction``: ``(child, info, total, limit, gpu_total)`` (``gpu_total``:
     this GPU's own memory, None on a CPU).
 
-    With ``--device-memory`` on a GPU it is restarted under the fraction of this GPU whose limit
-    equals ``fraction x`` that size (planning for another card).
+    With ``--device-memory`` on a GPU it runs under the fraction of this GPU whose limit equals
+    ``fraction x`` that size (planning for another card): started once under it when this GPU's
+    total can be read first (a short JAX process, seconds), else started, measured and restarted
+    (a training script's probe runs its start-up twice then: about a minute for openpi's pi0).
 
     Raises:
       ConfigError: the planned card is larger than this GPU at that fraction.
     """
+    if options.device_memory_bytes:
+        planned = _start_planned(source, fraction, options, cache_path)
+        if planned is not None:
+            return planned
     child = CompileChild(source, fraction, cache_path=cache_path, start_timeout=options.start_timeout)
     try:  # start() stops its own child on any error or interrupt; this stops it after
         info = child.start()
         if info.limit_sensitive and options.device_memory_bytes:
             total = round(int(info.bytes_limit or 0) / fraction)
-            child_fraction = fraction * options.device_memory_bytes / total
-            if child_fraction > 1:
-                raise ConfigError(
-                    f"--device-memory {budget_mod.format_bytes(options.device_memory_bytes)} at fraction "
-                    f"{fraction} needs more than this GPU's {budget_mod.format_bytes(total)}; plan on a "
-                    "larger GPU or lower the fraction"
-                )
+            child_fraction = _planned_fraction(fraction, options.device_memory_bytes, total)
             child.close()
             child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=options.start_timeout)
             info = child.start()
@@ -112,6 +112,47 @@ def _start_child(
             return child, info, total, int(info.bytes_limit or 0), total
         total = options.device_memory_bytes or info.host_memory_bytes
         return child, info, total, int(fraction * total), None
+    except BaseException as e:
+        child.close(polite=isinstance(e, Exception))
+        raise
+
+
+def _planned_fraction(fraction: float, device_memory: int, total: int) -> float:
+    """The fraction of a GPU of ``total`` bytes whose limit is ``fraction x device_memory``.
+
+    Raises:
+      ConfigError: more than the whole GPU.
+    """
+    child_fraction = fraction * device_memory / total
+    if child_fraction > 1:
+        raise ConfigError(
+            f"--device-memory {budget_mod.format_bytes(device_memory)} at fraction {fraction} needs more than "
+            f"this GPU's {budget_mod.format_bytes(total)}; plan on a larger GPU or lower the fraction"
+        )
+    return child_fraction
+
+
+def _start_planned(
+    source: Source, fraction: float, options: FitOptions, cache_path: str | None
+) -> tuple[CompileChild, DeviceInfo, int, int, int | None] | None:
+    """One start of the compile child for a planned card, when this GPU's total is known beforehand
+    (:func:`~jaxfit.fit.devices.cuda_total_bytes`); None without a GPU, or when the child's limit
+    is not the share of that total it was started with (then the caller measures it the long way)."""
+    from jaxfit.fit.devices import cuda_total_bytes
+
+    assert options.device_memory_bytes
+    total = cuda_total_bytes()
+    if total is None:
+        return None
+    child_fraction = _planned_fraction(fraction, options.device_memory_bytes, total)
+    child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=options.start_timeout)
+    try:
+        info = child.start()
+        limit = int(info.bytes_limit or 0)
+        if not info.limit_sensitive or abs(limit - child_fraction * total) > 0.01 * child_fraction * total:
+            child.close()
+            return None
+        return child, info, options.device_memory_bytes, limit, total
     except BaseException as e:
         child.close(polite=isinstance(e, Exception))
         raise

@@ -142,10 +142,14 @@ def cuda_total_bytes(timeout: float = 120.0) -> int | None:
     """The memory of the first visible GPU as JAX's allocator counts it (``bytes_limit`` under
     fraction 1), which is what every fraction is a share of: less than nvidia-smi's total (an H100
     80GB: 81,080 MiB against 81,559). Read in a short child process (this one keeps JAX unstarted);
-    None without a GPU or when it cannot be read."""
+    None without a GPU or when it cannot be read. (Tests: ``$JAXFIT_EMULATE_GPU_TOTAL``, the GPU
+    that compile children emulate on a CPU.)"""
     import json
     import sys
 
+    emulated = os.environ.get("JAXFIT_EMULATE_GPU_TOTAL")
+    if emulated:
+        return int(emulated)
     if gpus_here() == 0:
         return None
     code = (
