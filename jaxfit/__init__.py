@@ -20,7 +20,15 @@ the target memory fraction. The stages live in :mod:`jaxfit.fit` (the compiler's
 on shared GPUs); their internals stay importable from their modules.
 """
 
-from jaxfit.errors import CompileError, ConfigError, DoesNotFitError, JaxfitError, WorkerError, WorkloadError
+from jaxfit.errors import (
+    CompileError,
+    ConfigError,
+    DoesNotFitError,
+    ErraticCurveError,
+    JaxfitError,
+    WorkerError,
+    WorkloadError,
+)
 from jaxfit.fit import Candidate, FitOptions, FitResult, fit_batch, fit_fraction
 from jaxfit.fit.budget import format_bytes, parse_size
 from jaxfit.fit.memory import MemoryReport
@@ -45,6 +53,7 @@ __all__ = [
     "ConfigError",
     "DoesNotFitError",
     "EntrySource",
+    "ErraticCurveError",
     "ExampleSource",
     "FitOptions",
     "FitResult",

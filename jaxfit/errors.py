@@ -32,6 +32,10 @@ class DoesNotFitError(JaxfitError):
         self.what, self.hint = what, hint
 
 
+class ErraticCurveError(JaxfitError):
+    """The search did not settle: near the limit the compiled peak jumps up and down with the batch."""
+
+
 class WorkerError(JaxfitError):
     """The compile child process died or answered nonsense."""
 

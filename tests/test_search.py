@@ -266,3 +266,30 @@ def test_unknown_points_skip_the_known_ones_in_order():
     assert points[0] == 3 and points[1] == 9 and points[-1] == 24 and points[2:4] == [15, 18]
     with pytest.raises(IndexError):
         points[6]
+
+
+def test_a_tuned_curve_whose_slope_misleads_is_bisected_after_three_steps():
+    """The tuned peak is flat above the budget down to a few samples (a workspace that autotuning
+    adds whatever the batch) while the untuned slope is steep: stepping down by excess / slope
+    moves 100 batches a round. After three such steps the proof brackets instead, so it settles in
+    logarithmic rounds (an H100 fit of mlp-tiny at fraction 0.0016 stepped for 32 rounds and gave up)."""
+
+    def tuned(b):
+        return 1e9 if b <= 5 else 2e9
+
+    _, proved, rounds = _two_phase(lambda b: 1e6 * b, tuned, 1.9e9, Grid(1, 4096))
+    assert proved.answer == 5
+    assert len([r for r in rounds if r[0] == "tuned"]) <= 16  # 28 when it only stepped
+
+
+def test_a_search_that_cannot_settle_is_one_line_that_says_what_to_do():
+    from jaxfit.errors import ErraticCurveError
+
+    def evaluate(points):
+        return {p: p - 1000.0 for p in points}
+
+    with pytest.raises(
+        ErraticCurveError, match=r"the search did not settle in 1 rounds: the compiled peak jumps"
+    ) as info:
+        search(evaluate, Grid(1, 4096), width=2, max_rounds=1)
+    assert "\n" not in str(info.value) and "--no-verify" in str(info.value)
