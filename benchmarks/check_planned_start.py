@@ -39,7 +39,12 @@ def _fit(hide_total: bool) -> dict:
         devices.cuda_total_bytes = lambda timeout=120.0: None  # type: ignore[assignment]
     try:
         t = time.perf_counter()
-        options = jaxfit.FitOptions(mem_fraction=0.5, device_memory_bytes=int(os.environ.get("CARD_MIB", "256")) << 20, use_cache=False, max_batch=1 << 16)
+        options = jaxfit.FitOptions(
+            mem_fraction=0.5,
+            device_memory_bytes=int(os.environ.get("CARD_MIB", "256")) << 20,
+            use_cache=False,
+            max_batch=1 << 16,
+        )
         r = batch_mod.fit_batch(jaxfit.example_source("mlp-tiny"), options)
         return {
             "starts": fractions,
