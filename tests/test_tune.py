@@ -324,3 +324,48 @@ def test_inline_measurement_drops_a_setting_made_slow_on_purpose():
     assert rows["eight layers"].status == "dropped" and rows["eight layers"].timed_steps == 2
     assert rows["eight layers"].measured_in == "compile process"
     assert result.best is rows["one layer"]
+
+
+def test_a_tune_of_an_example_proves_every_setting_in_one_compile_process(monkeypatch):
+    """Two settings, two micro-batches each (accumulated programs): one compile process is started
+    and switches workloads for every other fit; each proven peak is the one a fit in its own fresh
+    process gives, and the programs it timed inline ran."""
+    import dataclasses
+
+    import jaxfit
+    from jaxfit.fit import FitOptions
+    from jaxfit.fit.compiler import CompileChild
+    from jaxfit.fit.sources import example_source
+    from jaxfit.tune import Target, TuneOptions, example_settings, tune
+
+    starts: list = []
+    loads: list = []
+    real_start, real_load = CompileChild.start, CompileChild.load
+
+    def start(self):
+        starts.append(self.source)
+        return real_start(self)
+
+    def load(self, source):
+        loads.append(source)
+        return real_load(self, source)
+
+    monkeypatch.setattr(CompileChild, "start", start)
+    monkeypatch.setattr(CompileChild, "load", load)
+    target = Target(example=example_source("gpt-tiny", {"n_layers": "1"}))
+    settings = example_settings(["none", "full"], ["float32"])
+    options = FitOptions(mem_fraction=0.3, device_memory_bytes=1 << 30, use_cache=False)
+    result = tune(
+        target, settings, options, TuneOptions(global_batch=8, micro_batches=2, warmup=1, steps=2, measure="inline")
+    )
+    fitted = [r for r in result.rows if r.fits]
+    # four fits (per setting: its largest micro-batch, 8 x 1, and the proof of 4 x 2): one start, three loads
+    assert len(fitted) == 4 and (len(starts), len(loads)) == (1, 3)
+    assert all(r.status == "measured" for r in fitted)
+    monkeypatch.setattr(CompileChild, "load", real_load)
+    by_name = {s.name: s for s in settings}
+    for row in fitted[:2]:
+        exact = dataclasses.replace(options, min_batch=row.global_batch, max_batch=row.global_batch)
+        exact = dataclasses.replace(exact, multiple_of=row.accum_steps)
+        own = jaxfit.fit_batch(target.source(by_name[row.setting], row.accum_steps, row.global_batch), exact)
+        assert own.peak_bytes == row.peak_bytes, row

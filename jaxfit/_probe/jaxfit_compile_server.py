@@ -44,6 +44,8 @@ OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 REPLY_FD_ENV = "JAXFIT_REPLY_FD"
 REQUEST_FD_ENV = "JAXFIT_REQUEST_FD"
 CACHE_PATH_ENV = "JAXFIT_COMPILE_CACHE"
+USER_ERRORS = ("ConfigError", "WorkloadError", "CompileError", "DoesNotFitError")
+"""jaxfit's errors that are the user's to fix (reported as such by :meth:`Server.load`)."""
 EMULATE_GPU_ENV = "JAXFIT_EMULATE_GPU_TOTAL"
 """Tests only: on a CPU, behave as a GPU of this many bytes (a ``bytes_limit`` of the fraction of it,
 ``limit_sensitive``), so that the GPU flow of a fit (untuned search, autotuned proof) runs on real
@@ -426,7 +428,9 @@ class Server:
         components: "Optional[Callable[[int], list]]" = None,
         concrete: "Optional[Callable[[int], tuple]]" = None,
         donated: "tuple" = (),
+        loader: "Optional[Callable[[str], Dict[str, Any]]]" = None,
     ) -> None:
+        self.loader = loader
         self.lower = lower
         self.components = components
         self.concrete = concrete
@@ -449,6 +453,32 @@ class Server:
 
     def ready(self) -> None:
         self.send({"op": "ready", "info": dict(self.info, workload=self.workload)})
+
+    def load(self, source: str) -> None:
+        """Serve another workload from now on (``jaxfit tune``'s next setting in the same process):
+        ``loader(source)`` gives its ``lower``, ``workload``, ``components``, ``concrete`` and
+        ``donated``; the programs kept for the last one go. Replies ``ready`` as a start does, or
+        ``error`` (the old workload is served still)."""
+        if self.loader is None:
+            send_error(self.replies, "internal", "RuntimeError", "this process serves one workload only")
+            return
+        try:
+            parts = self.loader(source)
+        except Exception as e:
+            user = type(e).__name__ in USER_ERRORS
+            send_error(
+                self.replies,
+                "user" if user else "internal",
+                type(e).__name__,
+                str(e) if user else "%s: %s" % (type(e).__name__, e),
+            )
+            return
+        with self._kept_lock:
+            self._kept.clear()
+        self.lower, self.workload = parts["lower"], parts["workload"]
+        self.components, self.concrete = parts.get("components"), parts.get("concrete")
+        self.donated = tuple(parts.get("donated") or ())
+        self.ready()
 
     def _cache_key(self, fingerprint: str, options: Dict[str, Any]) -> str:
         parts = {
@@ -692,6 +722,8 @@ class Server:
                         int(request["batch"]), int(request["warmup"]), int(request["steps"]), request.get("give_up")
                     )
                 )
+            elif op == "load":
+                self.load(str(request["source"]))
             elif op == "quit":
                 return
             else:

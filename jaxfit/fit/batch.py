@@ -9,11 +9,14 @@ program that proved it is pinned (:mod:`jaxfit.fit.pin`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
 
-from jaxfit.errors import ConfigError, DoesNotFitError
+from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.answers import cached_answer, store_answer
 from jaxfit.fit.breakdown import breakdown
@@ -33,7 +36,7 @@ from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
 from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
 from jaxfit.fit.search import Grid, prove, search
-from jaxfit.fit.sources import Source
+from jaxfit.fit.sources import ScriptSource, Source
 
 
 class _Rounds:
@@ -97,15 +100,13 @@ def _start_child(
         planned = _start_planned(source, fraction, options, cache_path)
         if planned is not None:
             return planned
-    child = CompileChild(source, fraction, cache_path=cache_path, start_timeout=options.start_timeout)
+    child, info = _open_child(source, fraction, options, cache_path)
     try:  # start() stops its own child on any error or interrupt; this stops it after
-        info = child.start()
         if info.limit_sensitive and options.device_memory_bytes:
             total = round(int(info.bytes_limit or 0) / fraction)
             child_fraction = _planned_fraction(fraction, options.device_memory_bytes, total)
             child.close()
-            child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=options.start_timeout)
-            info = child.start()
+            child, info = _open_child(source, child_fraction, options, cache_path)
             return child, info, options.device_memory_bytes, int(info.bytes_limit or 0), total
         if info.limit_sensitive:
             total = round(int(info.bytes_limit or 0) / fraction)
@@ -115,6 +116,55 @@ def _start_child(
     except BaseException as e:
         child.close(polite=isinstance(e, Exception))
         raise
+
+
+_SHARED: contextvars.ContextVar[dict[tuple, CompileChild] | None] = contextvars.ContextVar(
+    "jaxfit_shared_compile_processes", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_compile_process() -> Iterator[None]:
+    """While open, the fits of built-in examples and ``--entry`` workloads under the same fraction
+    (and mesh) share one compile process, which switches workloads, instead of starting one each:
+    ``jaxfit tune``'s settings and accumulation proofs (a start is JAX's and CUDA's, seconds each
+    on a GPU). Scripts are always probed in their own process. Every shared process is stopped at
+    the end."""
+    pool: dict[tuple, CompileChild] = {}
+    token = _SHARED.set(pool)
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+        for child in pool.values():
+            child.close()
+
+
+def _open_child(
+    source: Source, fraction: float, options: FitOptions, cache_path: str | None
+) -> tuple[CompileChild, DeviceInfo]:
+    """A started compile child for ``source`` under ``fraction``: inside
+    :func:`shared_compile_process`, the one already serving that fraction and mesh, switched to
+    ``source``; else a new one."""
+    pool = _SHARED.get()
+    key = (fraction, cache_path, options.start_timeout, getattr(source, "mesh", None))
+    if pool is not None and not isinstance(source, ScriptSource):
+        shared = pool.get(key)
+        if shared is not None and shared.running:
+            return shared, shared.load(source)
+        pool.pop(key, None)
+    child = CompileChild(source, fraction, cache_path=cache_path, start_timeout=options.start_timeout)
+    info = child.start()
+    if pool is not None and not isinstance(source, ScriptSource):
+        pool[key] = child
+    return child, info
+
+
+def _release(child: CompileChild) -> None:
+    """Done with ``child``: stopped, unless a :func:`shared_compile_process` keeps it."""
+    pool = _SHARED.get()
+    if pool is None or not any(child is shared for shared in pool.values()):
+        child.close()
 
 
 def _planned_fraction(fraction: float, device_memory: int, total: int) -> float:
@@ -145,9 +195,8 @@ def _start_planned(
     if total is None:
         return None
     child_fraction = _planned_fraction(fraction, options.device_memory_bytes, total)
-    child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=options.start_timeout)
+    child, info = _open_child(source, child_fraction, options, cache_path)
     try:
-        info = child.start()
         limit = int(info.bytes_limit or 0)
         if not info.limit_sensitive or abs(limit - child_fraction * total) > 0.01 * child_fraction * total:
             child.close()
@@ -298,10 +347,11 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
         timing = child.time(answer, *options.time_steps, give_up=options.time_give_up) if options.time_steps else None
     except BaseException as e:
-        child.close(polite=isinstance(e, Exception))  # interrupted: at once
+        if not isinstance(e, JaxfitError):  # the child is in order after the user's error (nothing fits)
+            child.close(polite=isinstance(e, Exception))  # interrupted: at once
         raise
     finally:
-        child.close()
+        _release(child)
 
     candidates = rounds.candidates()
     outcome: Outcome = "max" if answer == grid.last else "boundary"

@@ -260,6 +260,28 @@ class CompileChild:
             self.manifest = description.pop("manifest", None)
         return self.info
 
+    @property
+    def running(self) -> bool:
+        """Whether the child was started and has not stopped."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def load(self, source: Source) -> DeviceInfo:
+        """Serve ``source`` from now on, in the same process (a built-in example or ``--entry``
+        workload of the same mesh: ``jaxfit tune``'s settings and accumulation proofs), without a
+        new start. Raises what :meth:`start` raises, and stops the child then."""
+        if self.probing or isinstance(source, ScriptSource) or self.info is None:
+            raise ValueError("only a started compile child of a built-in example or --entry can load another")
+        self._send({"op": "load", "source": to_json(source)})
+        while True:
+            reply = self._receive(self.start_timeout, "build the next workload")
+            if reply.get("op") == "error":
+                self._raise_reported(reply, "the compile child failed to load a workload: ")
+            if reply.get("op") == "ready":
+                break
+        self.source = source
+        self.workload_info = reply["info"].get("workload", {})
+        return self.info
+
     def _raise_reported(self, reply: Mapping[str, Any], internal_prefix: str = "the compile child failed: ") -> None:
         """Stop the child and raise the error it reported (a user error as its own class)."""
         self.close()

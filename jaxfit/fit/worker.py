@@ -12,46 +12,73 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from jaxfit._probe import jaxfit_compile_server as server_mod
 
 SOURCE_ENV = "JAXFIT_WORKLOAD_SOURCE"
 
 
+def _served(text: str, topology: str) -> dict[str, Any]:
+    """What the compile server needs of the workload of a source (JSON): its ``lower``, its
+    ``workload`` info, and the ``components``, ``concrete`` arguments and ``donated`` positions."""
+    from jaxfit.fit.mesh import MeshSpec
+    from jaxfit.fit.sources import build_workload, from_json
+
+    source = from_json(text)
+    mesh = getattr(source, "mesh", None) or MeshSpec()
+    workload = build_workload(source)
+    description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))
+    if "mesh" not in description:  # a workload that brings its own shardings
+        own = server_mod.mesh_of(workload.abstract_args(max(1, mesh.devices)))
+        if own:
+            description["mesh"] = own
+
+    def components(batch: int) -> list:
+        args = workload.abstract_args(batch)
+        names = server_mod.argument_names(workload.step_fn, len(args))
+        return server_mod.describe_arguments(
+            args, names, workload.batch_argnum % len(args), description.get("field_names")
+        )
+
+    def concrete(batch: int) -> tuple:
+        return tuple(server_mod.real_arguments(tuple(workload.abstract_args(batch))))
+
+    return {
+        "lower": workload.lower,
+        "workload": {"name": workload.name, "description": description},
+        "components": components,
+        "concrete": None if topology == "mock" else concrete,  # a mocked topology cannot run
+        "donated": workload.donate_argnums,
+    }
+
+
 def main() -> int:
     requests, replies = server_mod.open_channels()
     try:
+        from jaxfit.errors import ConfigError
         from jaxfit.fit.mesh import MeshSpec, prepare_devices
-        from jaxfit.fit.sources import build_workload, from_json
+        from jaxfit.fit.sources import from_json
 
-        source = from_json(os.environ[SOURCE_ENV])
-        mesh = getattr(source, "mesh", None) or MeshSpec()
+        first = os.environ[SOURCE_ENV]
+        mesh = getattr(from_json(first), "mesh", None) or MeshSpec()
         topology = prepare_devices(mesh.devices, mesh.allow_mock)  # before JAX starts its backend
-        workload = build_workload(source)
-        description = dict(workload.description, step_name=server_mod.function_name(workload.step_fn))
-        if "mesh" not in description:  # a workload that brings its own shardings
-            own = server_mod.mesh_of(workload.abstract_args(max(1, mesh.devices)))
-            if own:
-                description["mesh"] = own
+        parts = _served(first, topology)
 
-        def components(batch: int) -> list:
-            args = workload.abstract_args(batch)
-            names = server_mod.argument_names(workload.step_fn, len(args))
-            return server_mod.describe_arguments(
-                args, names, workload.batch_argnum % len(args), description.get("field_names")
-            )
-
-        def concrete(batch: int) -> tuple:
-            return tuple(server_mod.real_arguments(tuple(workload.abstract_args(batch))))
+        def loader(text: str) -> dict[str, Any]:  # the devices were set up for the first mesh
+            if (getattr(from_json(text), "mesh", None) or MeshSpec()) != mesh:
+                raise ConfigError("a compile process serves workloads of one mesh; start another for this one")
+            return _served(text, topology)
 
         server = server_mod.Server(
-            workload.lower,
+            parts["lower"],
             replies,
-            {"name": workload.name, "description": description},
+            parts["workload"],
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
-            components=components,
-            concrete=None if topology == "mock" else concrete,  # a mocked topology cannot run
-            donated=workload.donate_argnums,
+            components=parts["components"],
+            concrete=parts["concrete"],
+            donated=parts["donated"],
+            loader=loader,
         )
         server.info.update(topology=topology, mesh_devices=mesh.devices)
     except Exception as e:

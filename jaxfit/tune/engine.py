@@ -4,7 +4,9 @@ For each setting (remat and precision of a built-in example, or a script's own f
 
 1. **Fit** (:func:`jaxfit.fit_batch`): its largest micro-batch under the fraction; then each
    micro-batch ``m`` that divides the global batch ``G`` (the largest few) is compiled as it will
-   run, accumulated over ``G / m`` steps, to prove it fits; each proof pins its program.
+   run, accumulated over ``G / m`` steps, to prove it fits; each proof pins its program. For a
+   built-in example every fit of the tune runs in one compile process, which switches workloads
+   (:func:`jaxfit.fit.batch.shared_compile_process`); a script is probed in its own process each time.
 2. **Prune**: a candidate whose compiled FLOPs at the device's peak rate cannot beat the best
    samples/s measured so far is not run (a bound, not a guess: without a known peak nothing is
    pruned); ``--budget`` stops measuring when that much time was spent measuring (fitting, which
@@ -45,6 +47,7 @@ from typing import Any, Literal
 from jaxfit.errors import DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, FitResult, fit_batch
 from jaxfit.fit.answers import device_identity
+from jaxfit.fit.batch import shared_compile_process
 from jaxfit.fit.budget import format_bytes, set_fraction
 from jaxfit.fit.cache import JsonStore, default_cache_path
 from jaxfit.fit.command import hooked_pythonpath, with_batch
@@ -654,12 +657,13 @@ def tune(
     device: dict[str, Any] = {}
     leader = _Leader(tuning)
     with context:
-        for setting in settings:
-            setting_rows, setting_fits = _rows_of_setting(target, setting, options, tuning, leader, progress)
-            rows.extend(setting_rows)
-            fits.update({(setting.name, m, a): f for (m, a), f in setting_fits.items()})
-            for f in setting_fits.values():
-                device = f.device
+        with shared_compile_process():  # one compile process for every setting and accumulation
+            for setting in settings:
+                setting_rows, setting_fits = _rows_of_setting(target, setting, options, tuning, leader, progress)
+                rows.extend(setting_rows)
+                fits.update({(setting.name, m, a): f for (m, a), f in setting_fits.items()})
+                for f in setting_fits.values():
+                    device = f.device
         proved = time.perf_counter()
         kind = str(device.get("device_kind") or "")
         peak_cache: dict[str, tuple[float | None, str]] = {}
