@@ -45,6 +45,14 @@ _RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
 
 _MISSING_RAY = "the ray backend needs ray: pip install 'jaxfit[ray]'"
 
+TRAVEL_INPUTS = ("JAXFIT_PIN", "JAXFIT_WANDB_CONFIG")
+"""Variables naming files an attempt reads (the pin: its whole folder, with the executable; the
+run's settings for wandb): on a Ray node other than the scheduler's, copies travel with it."""
+TRAVEL_OUTPUTS = ("JAXFIT_PIN_REPORT",)
+"""Variables naming files an attempt writes: from another node, they come back with its result."""
+LOG_RETURN_BYTES = 64 << 20
+"""The most of an attempt's log that comes back from another node (its end)."""
+
 
 def _import_ray() -> Any:
     """The ``ray`` module, imported on first use; ConfigError when it is not installed."""
@@ -85,7 +93,57 @@ GUARD = str(Path(__file__).resolve().parents[2] / "_probe" / "jaxfit_ray_guard.p
 """The guard of an attempt (:mod:`jaxfit._probe.jaxfit_ray_guard`), shipped to workers as source."""
 
 
-def _make_task_function() -> Callable[..., int]:
+def _luggage(spec: LaunchSpec, node: str) -> dict[str, Any]:
+    """What travels with an attempt in case Ray runs it on a node other than the scheduler's
+    (``node``): no disk is assumed shared. The files its :data:`TRAVEL_INPUTS` name (for a pin, its
+    whole folder), jaxfit's start-up hook (the probe folder, when on its PYTHONPATH), and the
+    names of what it writes; the task uses them only on another node."""
+    from jaxfit.fit.command import PROBE_DIR
+
+    files: dict[str, bytes] = {}
+    inputs: dict[str, str] = {}
+    for var in TRAVEL_INPUTS:
+        path = spec.env.get(var)
+        if not path or not os.path.isfile(path):
+            continue
+        if var == "JAXFIT_PIN":  # pin.json names its executable relative to its folder
+            for f in sorted(Path(path).parent.iterdir()):
+                if f.is_file():
+                    files[f"pin/{f.name}"] = f.read_bytes()
+            inputs[var] = f"pin/{Path(path).name}"
+        else:
+            inputs[var] = f"in/{var}/{Path(path).name}"
+            files[inputs[var]] = Path(path).read_bytes()
+    if PROBE_DIR in spec.env.get("PYTHONPATH", "").split(os.pathsep):
+        for f in sorted(Path(PROBE_DIR).glob("*.py")):
+            files[f"probe/{f.name}"] = f.read_bytes()
+    return {
+        "node": node,
+        "files": files,
+        "inputs": inputs,
+        "outputs": [v for v in TRAVEL_OUTPUTS if spec.env.get(v)],
+        "probe_dir": PROBE_DIR,
+        "log_bytes": LOG_RETURN_BYTES,
+    }
+
+
+def _land(result: Mapping[str, Any], log_path: str, status_path: str, outputs: Mapping[str, str]) -> None:
+    """Keep what an attempt on another node brought back where a local attempt writes it: its log
+    (appended, as attempts' logs are), its status file, the files of its :data:`TRAVEL_OUTPUTS`."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as f:
+        f.write(result.get("log") or b"")
+        f.write(f"jaxfit: (this attempt ran on Ray node {result.get('node')} on {result.get('host')})\n".encode())
+    writes = [(status_path, result.get("status"))]
+    writes += [(outputs[var], data) for var, data in (result.get("outputs") or {}).items() if var in outputs]
+    for path, data in writes:
+        if data is not None:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            Path(tmp).write_bytes(data)
+            os.replace(tmp, path)
+
+
+def _make_task_function() -> Callable[..., int | dict[str, Any]]:
     """The body of an attempt's Ray task.
 
     Defined inside this factory so that cloudpickle ships it by value: its code uses only the
@@ -103,18 +161,72 @@ def _make_task_function() -> Callable[..., int]:
         guard: str,
         grace_s: float,
         keep_omp: bool,
-    ) -> int:
-        """Run one attempt under the guard and the runner in a Ray worker; its exit code."""
+        luggage: Mapping[str, Any] | None = None,
+    ) -> int | dict[str, Any]:
+        """Run one attempt under the guard and the runner in a Ray worker; its exit code. On a node
+        other than the scheduler's (``luggage``, from :func:`_luggage`), in a folder of its own with
+        the files that travelled, and the result is ``{"code", "log", "status", "outputs"}``."""
         import json
         import os
         import select
+        import shutil
         import signal
         import socket
         import subprocess
         import sys
+        import tempfile
         import threading
 
         import ray
+
+        away_folder = None
+        if luggage is not None and ray.get_runtime_context().get_node_id() != luggage["node"]:
+            away_folder = tempfile.mkdtemp(prefix="jaxfit-run-")
+            for name, data in luggage["files"].items():
+                target = os.path.join(away_folder, name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "wb") as f:
+                    f.write(data)
+            env = dict(env)
+            for var, name in luggage["inputs"].items():
+                env[var] = os.path.join(away_folder, name)
+            for var in luggage["outputs"]:
+                env[var] = os.path.join(away_folder, "out", var)
+            os.makedirs(os.path.join(away_folder, "out"), exist_ok=True)
+            if "PYTHONPATH" in env:  # jaxfit's start-up hook, from the copy that travelled
+                here = os.path.join(away_folder, "probe")
+                parts = env["PYTHONPATH"].split(os.pathsep)
+                env["PYTHONPATH"] = os.pathsep.join(here if p == luggage["probe_dir"] else p for p in parts)
+            log_path = os.path.join(away_folder, "attempt.log")
+            status_path = os.path.join(away_folder, "attempt.status.json")
+            if not os.path.isdir(cwd):
+                cwd = away_folder
+
+        def come_back(code: int) -> int | dict[str, Any]:
+            """The result: the code here; from another node, with what the scheduler keeps."""
+            if away_folder is None:
+                return code
+
+            def read(path: str, most: int | None = None) -> bytes | None:
+                try:
+                    with open(path, "rb") as f:
+                        if most is not None:
+                            f.seek(max(0, os.path.getsize(path) - most))
+                        return f.read()
+                except OSError:
+                    return None
+
+            assert luggage is not None
+            back = {
+                "code": code,
+                "node": ray.get_runtime_context().get_node_id(),
+                "host": socket.gethostname(),
+                "log": read(log_path, luggage["log_bytes"]) or b"",
+                "status": read(status_path),
+                "outputs": {v: read(os.path.join(away_folder, "out", v)) for v in luggage["outputs"]},
+            }
+            shutil.rmtree(away_folder, ignore_errors=True)
+            return back
 
         stop = {"asked": False}
 
@@ -173,7 +285,7 @@ def _make_task_function() -> Callable[..., int]:
                 except FileNotFoundError:
                     pass
             if stop["asked"]:
-                return -int(signal.SIGTERM)
+                return come_back(-int(signal.SIGTERM))
             if os.path.isfile(runner):
                 argv = [sys.executable, runner, status_path, "--", *command]
             else:  # this node lacks the checkout: run the runner from its shipped source
@@ -191,7 +303,7 @@ def _make_task_function() -> Callable[..., int]:
                     )
                 except OSError as e:
                     log.write(f"jaxfit: cannot start the runner on {socket.gethostname()}: {e.strerror}\n".encode())
-                    return 127
+                    return come_back(127)
             assert proc.stdin is not None and proc.stdout is not None
             proc.wait()  # the guard's parent, which exits as soon as it has forked
             code: int | None = None
@@ -230,8 +342,8 @@ def _make_task_function() -> Callable[..., int]:
             recorded = recorded_code()
             # The runner returns 128+n for a command killed by signal n; its file keeps the -n.
             if recorded is not None:
-                return recorded
-            return code if code is not None else lost_code
+                return come_back(recorded)
+            return come_back(code if code is not None else lost_code)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -250,10 +362,14 @@ class RayHandle:
       status_path: The runner's status file.
     """
 
-    def __init__(self, ray: Any, ref: Any, status_path: str) -> None:
+    def __init__(
+        self, ray: Any, ref: Any, status_path: str, log_path: str = "", outputs: Mapping[str, str] | None = None
+    ) -> None:
         self._ray = ray
         self.ref = ref
         self.status_path = status_path
+        self.log_path = log_path
+        self.outputs = dict(outputs or {})
         self.pid: int | None = None
         self._stop_signal: int | None = None
         self._code: int | None = None
@@ -284,7 +400,11 @@ class RayHandle:
         if not ready:
             return None
         try:
-            code = int(self._ray.get(self.ref))
+            result = self._ray.get(self.ref)
+            if isinstance(result, dict):  # it ran on another node: keep what came back here
+                _land(result, self.log_path, self.status_path, self.outputs)
+                result = result["code"]
+            code = int(result)
         except self._ray.exceptions.RayError:
             code = RAY_LOST  # the task failed: cancelled, or its worker or node died
         if code == RAY_LOST:
@@ -366,6 +486,7 @@ class RayLauncher:
             if address is None:  # a local Ray never grows: a GPU request it cannot meet would wait forever
                 self._local_gpus = float(ray.cluster_resources().get("GPU", 0))
         self._task = ray.remote(_make_task_function())
+        self._node = str(ray.get_runtime_context().get_node_id())  # the scheduler's node
         self._guard_source = Path(GUARD).read_text()  # part of the package, like the runner
         try:
             self._runner_source = Path(RUNNER).read_text()
@@ -400,6 +521,7 @@ class RayLauncher:
         for stale in (spec.status_path, _pid_path(spec.status_path)):
             with contextlib.suppress(OSError):
                 os.unlink(stale)
+        luggage = _luggage(spec, self._node)
         ref = self._task.options(
             num_gpus=num_gpus,
             num_cpus=TASK_NUM_CPUS,
@@ -418,8 +540,10 @@ class RayLauncher:
             self._guard_source,
             float(self.grace_s),
             "OMP_NUM_THREADS" in os.environ,
+            luggage,
         )
-        return RayHandle(self._ray, ref, spec.status_path)
+        outputs = {v: spec.env[v] for v in luggage["outputs"]}
+        return RayHandle(self._ray, ref, spec.status_path, spec.log_path, outputs)
 
     def adopt(self, pid: int, status_path: str) -> None:
         """Ray attempts cannot be adopted (``resumable`` is False): always None."""

@@ -1,0 +1,233 @@
+"""The Ray backend on a real Ray cluster of two nodes on this machine: the head (no GPU; the
+scheduler's node) and a worker node with 2 logical GPUs and its own temporary folder (TMPDIR), so
+every run lands on the other node. Nothing may assume a shared disk: what a run reads travels with
+it through Ray (the pin's folder, its settings, jaxfit's start-up hook) and what it writes comes
+back (its log, status and pin report). A worker node that dies takes its run with it: the attempt
+is lost (the scheduler runs it again elsewhere) and its command does not outlive it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jaxfit.fit.command import PROBE_DIR
+from jaxfit.schedule.backends.local import LaunchSpec, read_status
+from jaxfit.schedule.backends.ray import RAY_LOST, RayLauncher
+
+pytestmark = pytest.mark.slow  # real Ray daemons and subprocesses
+
+ray = pytest.importorskip("ray")
+
+MARK = "JAXFIT_TEST_RAY_CLUSTER"
+"""Set in the environment of every process of the cluster, to find them all at the end."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _marked(mark: str) -> set[int]:
+    """Processes started with ``MARK=mark``, and every descendant of theirs (Ray's agents rename
+    themselves over their environment)."""
+    parents: dict[int, int] = {}
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] == "Z":
+                continue
+            parents[int(entry.name)] = int(stat[1])
+            if f"{MARK}={mark}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    grew = True
+    while grew:
+        children = {pid for pid, ppid in parents.items() if ppid in found} - found
+        found |= children
+        grew = bool(children)
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """``ray start --head`` (no GPU) and ``ray start --address`` of a node with 2 logical GPUs and its
+    own TMPDIR; a launcher connected to it. Every process of the cluster is gone at the end."""
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    mark = uuid.uuid4().hex
+    head_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths are limited
+    node_tmp = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+    port = _free_port()
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # the driver's too
+    env = dict(os.environ, **{MARK: mark})
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
+    launcher = None
+    try:
+        subprocess.run(
+            [ray_cli, "start", "--head", f"--port={port}", "--num-gpus=0", "--include-dashboard=false",
+             f"--temp-dir={head_tmp}", *common],
+            env=env, check=True, capture_output=True, timeout=180,
+        )  # fmt: skip
+        subprocess.run(
+            [ray_cli, "start", f"--address=127.0.0.1:{port}", "--num-gpus=2", *common],
+            env=dict(env, TMPDIR=node_tmp), check=True, capture_output=True, timeout=180,
+        )  # fmt: skip
+        launcher = RayLauncher(address=f"127.0.0.1:{port}")
+        yield {"launcher": launcher, "node_tmp": Path(node_tmp), "mark": mark}
+    finally:
+        if launcher is not None:
+            launcher.close()
+        for pid in _marked(mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        while _marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _marked(mark)
+        shutil.rmtree(head_tmp, ignore_errors=True)
+        shutil.rmtree(node_tmp, ignore_errors=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        assert not left, f"processes of the cluster outlived it: {sorted(left)}"
+
+
+def _wait(handle, timeout: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = handle.poll()
+        if code is not None:
+            return code
+        time.sleep(0.1)
+    raise AssertionError(f"the attempt did not end within {timeout} s")
+
+
+SEES = """
+import json, os, sys
+pin = os.environ["JAXFIT_PIN"]
+seen = {
+    "pin": pin,
+    "pin_json": open(pin).read(),
+    "executable": open(os.path.join(os.path.dirname(pin), "executable.bin"), "rb").read().hex(),
+    "settings": open(os.environ["JAXFIT_WANDB_CONFIG"]).read(),
+    "hook": [p for p in os.environ["PYTHONPATH"].split(os.pathsep) if os.path.isfile(os.path.join(p, "sitecustomize.py"))],
+    "cwd": os.getcwd(),
+    "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+}
+with open(os.environ["JAXFIT_PIN_REPORT"], "w") as f:
+    json.dump({"program_pinned": True, "from": "the other node"}, f)
+print("SEEN " + json.dumps(seen))
+print("to stderr", file=sys.stderr)
+"""
+
+
+def test_a_run_on_another_node_takes_its_files_along_and_brings_its_outputs_back(cluster, tmp_path):
+    pin = tmp_path / "pins" / "abc"
+    pin.mkdir(parents=True)
+    (pin / "pin.json").write_text('{"step_name": "train_step"}')
+    (pin / "executable.bin").write_bytes(bytes(range(256)) * 4)
+    settings = tmp_path / "logs" / "run.1.settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{"batch_size": 8}')
+    spec = LaunchSpec(
+        name="far",
+        attempt=1,
+        command=(sys.executable, "-c", SEES),
+        env={
+            "JAXFIT_PIN": str(pin / "pin.json"),
+            "JAXFIT_PIN_REPORT": str(tmp_path / "logs" / "run.1.pin.json"),
+            "JAXFIT_WANDB_CONFIG": str(settings),
+            "PYTHONPATH": PROBE_DIR,
+        },
+        log_path=str(tmp_path / "logs" / "run.1.log"),
+        status_path=str(tmp_path / "logs" / "run.1.status.json"),
+        gpu=0,
+        gpu_share=0.5,
+        cwd=str(tmp_path / "not-on-that-node"),
+    )
+    handle = cluster["launcher"].start(spec)
+    assert _wait(handle) == 0
+    log = Path(spec.log_path).read_text()
+    seen = json.loads(next(line for line in log.splitlines() if line.startswith("SEEN "))[5:])
+    node_tmp = str(cluster["node_tmp"])
+    assert seen["pin"].startswith(node_tmp)  # a copy on the node, not the scheduler's file
+    assert seen["pin_json"] == '{"step_name": "train_step"}'
+    assert bytes.fromhex(seen["executable"]) == bytes(range(256)) * 4
+    assert seen["settings"] == '{"batch_size": 8}'
+    assert len(seen["hook"]) == 1 and seen["hook"][0].startswith(node_tmp)
+    assert seen["cwd"].startswith(node_tmp)  # the scheduler's folder is not there
+    assert seen["cuda"] in ("0", "1")
+    assert "to stderr" in log and "this attempt ran on Ray node" in log
+    assert read_status(spec.status_path) == 0
+    assert json.loads(Path(spec.env["JAXFIT_PIN_REPORT"]).read_text())["from"] == "the other node"
+    assert handle.pid is None  # its runner ran on the other node
+    assert not list(cluster["node_tmp"].glob("jaxfit-run-*"))  # the node keeps nothing
+
+
+def test_a_worker_node_that_dies_loses_its_run_and_leaves_no_command(cluster, tmp_path):
+    """SIGKILL to the worker node's raylet mid-run: the task fails (RAY_LOST: the scheduler starts
+    the run again where GPUs remain) and the guard stops the command with its worker."""
+    marker = f"jaxfit-doomed-{uuid.uuid4().hex}"
+    spec = LaunchSpec(
+        name="doomed",
+        attempt=1,
+        command=(sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)", marker),
+        env={},
+        log_path=str(tmp_path / "doomed.log"),
+        status_path=str(tmp_path / "doomed.status.json"),
+        gpu=0,
+        gpu_share=0.5,
+        cwd=str(tmp_path),
+    )
+    handle = cluster["launcher"].start(spec)
+
+    def commands() -> list[int]:
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if marker.encode() in (entry / "cmdline").read_bytes():
+                        stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                        if stat[0] != "Z":
+                            out.append(int(entry.name))
+                except OSError:
+                    pass
+        return out
+
+    deadline = time.monotonic() + 60
+    while not commands() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert commands(), "the command never started on the worker node"
+    cluster_pids = _marked(cluster["mark"])
+    raylets = [
+        pid for pid in cluster_pids if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"raylet")
+    ]
+    node_env = f"TMPDIR={cluster['node_tmp']}".encode()
+    worker = [pid for pid in raylets if node_env in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
+    assert len(worker) == 1, raylets
+    os.kill(worker[0], signal.SIGKILL)
+    assert _wait(handle, timeout=90) == RAY_LOST
+    deadline = time.monotonic() + 30
+    while commands() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not commands(), "the command outlived its node"
