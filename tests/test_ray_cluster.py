@@ -1,6 +1,6 @@
-"""The Ray backend on a real Ray cluster of two nodes on this machine: the head (no GPU; the
-scheduler's node) and a worker node with 2 logical GPUs and its own temporary folder (TMPDIR), so
-every run lands on the other node. Nothing may assume a shared disk: what a run reads travels with
+"""The Ray backend on a real Ray cluster of three nodes on this machine: the head (no GPU; the
+scheduler's node) and two worker nodes with one logical GPU each and their own temporary folders
+(TMPDIR), so every run lands on another node than the scheduler's. Nothing may assume a shared disk: what a run reads travels with
 it through Ray (the pin's folder, its settings, jaxfit's start-up hook) and what it writes comes
 back (its log, status and pin report). A worker node that dies takes its run with it: the attempt
 is lost (the scheduler runs it again elsewhere) and its command does not outlive it."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from test_execute import _env, _fake, _queue
 
 from jaxfit.fit.command import PROBE_DIR
 from jaxfit.schedule.backends.local import LaunchSpec, read_status
@@ -66,12 +68,12 @@ def _marked(mark: str) -> set[int]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """``ray start --head`` (no GPU) and ``ray start --address`` of a node with 2 logical GPUs and its
-    own TMPDIR; a launcher connected to it. Every process of the cluster is gone at the end."""
+    """``ray start --head`` (no GPU) and ``ray start --address`` of two nodes with one logical GPU
+    and a TMPDIR each; a launcher connected to it. Every process of the cluster is gone at the end."""
     ray_cli = str(Path(sys.executable).parent / "ray")
     mark = uuid.uuid4().hex
     head_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths are limited
-    node_tmp = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+    node_tmps = [tempfile.mkdtemp(prefix="rn", dir="/tmp") for _ in range(2)]
     port = _free_port()
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
     os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # the driver's too
@@ -84,12 +86,18 @@ def cluster():
              f"--temp-dir={head_tmp}", *common],
             env=env, check=True, capture_output=True, timeout=180,
         )  # fmt: skip
-        subprocess.run(
-            [ray_cli, "start", f"--address=127.0.0.1:{port}", "--num-gpus=2", *common],
-            env=dict(env, TMPDIR=node_tmp), check=True, capture_output=True, timeout=180,
-        )  # fmt: skip
+        for node_tmp in node_tmps:
+            subprocess.run(
+                [ray_cli, "start", f"--address=127.0.0.1:{port}", "--num-gpus=1", *common],
+                env=dict(env, TMPDIR=node_tmp), check=True, capture_output=True, timeout=180,
+            )  # fmt: skip
         launcher = RayLauncher(address=f"127.0.0.1:{port}")
-        yield {"launcher": launcher, "node_tmp": Path(node_tmp), "mark": mark}
+        yield {
+            "launcher": launcher,
+            "address": f"127.0.0.1:{port}",
+            "node_tmps": [Path(t) for t in node_tmps],
+            "mark": mark,
+        }
     finally:
         if launcher is not None:
             launcher.close()
@@ -102,8 +110,8 @@ def cluster():
         while _marked(mark) and time.monotonic() < deadline:
             time.sleep(0.2)
         left = _marked(mark)
-        shutil.rmtree(head_tmp, ignore_errors=True)
-        shutil.rmtree(node_tmp, ignore_errors=True)
+        for folder in (head_tmp, *node_tmps):
+            shutil.rmtree(folder, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -169,19 +177,38 @@ def test_a_run_on_another_node_takes_its_files_along_and_brings_its_outputs_back
     assert _wait(handle) == 0
     log = Path(spec.log_path).read_text()
     seen = json.loads(next(line for line in log.splitlines() if line.startswith("SEEN "))[5:])
-    node_tmp = str(cluster["node_tmp"])
-    assert seen["pin"].startswith(node_tmp)  # a copy on the node, not the scheduler's file
+    node_tmp = next(str(t) for t in cluster["node_tmps"] if seen["pin"].startswith(str(t)))  # a copy there
     assert seen["pin_json"] == '{"step_name": "train_step"}'
     assert bytes.fromhex(seen["executable"]) == bytes(range(256)) * 4
     assert seen["settings"] == '{"batch_size": 8}'
     assert len(seen["hook"]) == 1 and seen["hook"][0].startswith(node_tmp)
     assert seen["cwd"].startswith(node_tmp)  # the scheduler's folder is not there
-    assert seen["cuda"] in ("0", "1")
+    assert seen["cuda"] == "0"  # the node's one GPU
     assert "to stderr" in log and "this attempt ran on Ray node" in log
     assert read_status(spec.status_path) == 0
     assert json.loads(Path(spec.env["JAXFIT_PIN_REPORT"]).read_text())["from"] == "the other node"
     assert handle.pid is None  # its runner ran on the other node
-    assert not list(cluster["node_tmp"].glob("jaxfit-run-*"))  # the node keeps nothing
+    assert not list(Path(node_tmp).glob("jaxfit-run-*"))  # the node keeps nothing
+
+
+def test_a_queue_is_placed_across_the_nodes(cluster, tmp_path):
+    """``jaxfit schedule --backend ray --ray-address``: two runs of 0.6 of a GPU each cannot share a
+    node's one GPU, so Ray places one on each node; both finish, with their logs in the state folder."""
+    out = {"FAKE_TRAIN_OUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}  # the scheduler's own do not travel
+    _queue(tmp_path, [_fake(n, "--sleep=4", fraction=0.6, env=out) for n in ("a", "b")], gpus=2)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", "--gpus", "2", "--device-memory", "8GiB",
+         "--grace", "2", "--monitor-interval", "0.2", "--quiet", "--backend", "ray", "--ray-address",
+         cluster["address"], "--json", "result.json"],
+        cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "out"), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    result = {e["name"]: e for e in json.loads((tmp_path / "result.json").read_text())["experiments"]}
+    assert {n: r["state"] for n, r in result.items()} == {"a": "done", "b": "done"}
+    logs = {n: (tmp_path / "jaxfit-runs" / "queue" / "logs" / f"{n}.1.log").read_text() for n in "ab"}
+    nodes = {n: re.search(r"ran on Ray node (\w+)", log) for n, log in logs.items()}
+    assert all(nodes.values()), logs
+    assert nodes["a"].group(1) != nodes["b"].group(1)  # one run on each node
 
 
 def test_a_worker_node_that_dies_loses_its_run_and_leaves_no_command(cluster, tmp_path):
@@ -222,7 +249,8 @@ def test_a_worker_node_that_dies_loses_its_run_and_leaves_no_command(cluster, tm
     raylets = [
         pid for pid in cluster_pids if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"raylet")
     ]
-    node_env = f"TMPDIR={cluster['node_tmp']}".encode()
+    command_env = Path(f"/proc/{commands()[0]}/environ").read_bytes().split(b"\0")
+    node_env = next(e for e in command_env if e.startswith(b"TMPDIR="))  # the node it runs on
     worker = [pid for pid in raylets if node_env in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
     assert len(worker) == 1, raylets
     os.kill(worker[0], signal.SIGKILL)
