@@ -6,6 +6,7 @@ import dataclasses
 import time
 
 import pytest
+from helpers import error_line
 
 import jaxfit
 from jaxfit.examples import build_workload
@@ -249,6 +250,23 @@ def test_a_planned_card_starts_the_compile_child_once_under_its_limit(monkeypatc
         planned.peak_bytes,
         planned.limit_bytes,
     )
+
+
+def test_a_fraction_the_compile_process_does_not_take_is_one_error_before_any_compile(monkeypatch, run_cli):
+    """Every answer assumes the fraction is a hard cap: a compile process whose allocator limit is
+    not that share of the GPU (here an emulated jax that takes 0.75 whatever the variable says, as a
+    growing pool or an unread spelling would) stops the fit with one line, before anything compiles."""
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 << 30))
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_POOL", "0.75")
+    events: list[str] = []
+    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=64, use_cache=False)
+    with pytest.raises(jaxfit.ConfigError, match=r"GPU memory limit is 6.00 GiB, not 0.5 of this GPU's 8.00 GiB"):
+        jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options, progress=lambda e, d: events.append(e))
+    assert "round" not in events and "compiled" not in events
+    proc = run_cli("fit", "--example", "mlp-tiny", "--mem-fraction", "0.5")
+    assert proc.returncode == 2 and error_line(proc).startswith("jaxfit: error: the compile process's GPU memory limit")
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_POOL", "0.5")  # the same share: the fit goes on
+    assert jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options).limit_bytes == 4 << 30
 
 
 def test_gpu_flow_nothing_fits_is_proved_tuned(monkeypatch):

@@ -381,7 +381,8 @@ def device_info() -> Dict[str, Any]:
     emulated = os.environ.get(EMULATE_GPU_ENV)
     if emulated and platform == "cpu":
         spelled = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or os.environ.get("XLA_CLIENT_MEM_FRACTION")
-        fraction = float(spelled or 0.75)
+        # (tests: $JAXFIT_EMULATE_GPU_POOL, the share a jax that ignores the variable would take)
+        fraction = float(os.environ.get("JAXFIT_EMULATE_GPU_POOL") or spelled or 0.75)
         bytes_limit, limit_sensitive = int(int(emulated) * fraction), True
     return {
         "platform": platform,

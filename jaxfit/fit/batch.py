@@ -88,18 +88,35 @@ def _start_child(
     """The compile child under ``fraction``: ``(child, info, total, limit, gpu_total)`` (``gpu_total``:
     this GPU's own memory, None on a CPU).
 
-    With ``--device-memory`` on a GPU it runs under the fraction of this GPU whose limit equals
-    ``fraction x`` that size (planning for another card): started once under it when this GPU's
-    total can be read first (a short JAX process, seconds), else started, measured and restarted
-    (a training script's probe runs its start-up twice then: about a minute for openpi's pi0).
+    On a GPU its total is read first (:func:`~jaxfit.fit.devices.cuda_total_bytes`: a short JAX
+    process, once per jaxfit process), so the child starts once, under ``fraction`` or, with
+    ``--device-memory`` (planning for another card), under the fraction of this GPU whose limit
+    equals ``fraction x`` that size; and its allocator's limit is checked against that share of
+    the total (:func:`_check_cap`). When the total cannot be read, the child is started, measured
+    and, for a planned card, restarted (a training script's probe then runs its start-up twice).
 
     Raises:
-      ConfigError: the planned card is larger than this GPU at that fraction.
+      ConfigError: the planned card is larger than this GPU at that fraction; the child's limit is
+        not the fraction it was given (a growing pool, a variable the installed jax does not read).
     """
-    if options.device_memory_bytes:
-        planned = _start_planned(source, fraction, options, cache_path)
-        if planned is not None:
-            return planned
+    from jaxfit.fit.devices import cuda_total_bytes
+
+    gpu_total = cuda_total_bytes()
+    if gpu_total is not None:
+        child_fraction = fraction
+        if options.device_memory_bytes:
+            child_fraction = _planned_fraction(fraction, options.device_memory_bytes, gpu_total)
+        child, info = _open_child(source, child_fraction, options, cache_path)
+        try:
+            limit = int(info.bytes_limit or 0)
+            if info.limit_sensitive:
+                _check_cap(limit, child_fraction, gpu_total)
+                return child, info, options.device_memory_bytes or gpu_total, limit, gpu_total
+            total = options.device_memory_bytes or info.host_memory_bytes  # it ran on the CPU after all
+            return child, info, total, int(fraction * total), None
+        except BaseException as e:
+            child.close(polite=isinstance(e, Exception))
+            raise
     child, info = _open_child(source, fraction, options, cache_path)
     try:  # start() stops its own child on any error or interrupt; this stops it after
         if info.limit_sensitive and options.device_memory_bytes:
@@ -116,6 +133,33 @@ def _start_child(
     except BaseException as e:
         child.close(polite=isinstance(e, Exception))
         raise
+
+
+CAP_TOLERANCE = 0.01
+"""How far (a share of the expected limit, plus 64 MiB) a compile process's allocator limit may be
+from ``fraction x`` the GPU's total: on an H100 with jax 0.11.2 they were equal to the byte
+(benchmarks/results/h100/checks)."""
+
+
+def _check_cap(limit: int, fraction: float, total: int) -> None:
+    """That the compile process's allocator limit is the fraction of the GPU it was given: every
+    answer jaxfit gives assumes the fraction is a hard cap.
+
+    Raises:
+      ConfigError: it is not (a pool that grows, an allocator without a limit, a spelling of the
+        fraction the installed jax does not read).
+    """
+    expected = fraction * total
+    if abs(limit - expected) <= CAP_TOLERANCE * expected + (64 << 20):
+        return
+    from jaxfit.fit.budget import fraction_variable
+
+    fmt = budget_mod.format_bytes
+    raise ConfigError(
+        f"the compile process's GPU memory limit is {fmt(limit)}, not {fraction:.6g} of this GPU's {fmt(total)} "
+        f"({fmt(round(expected))}): this jax did not take {fraction_variable()} as a fixed pool, so no fraction is a "
+        "cap here; unset XLA_PYTHON_CLIENT_ALLOCATOR and any pool-growth setting in XLA_FLAGS"
+    )
 
 
 _SHARED: contextvars.ContextVar[dict[tuple, CompileChild] | None] = contextvars.ContextVar(
@@ -180,31 +224,6 @@ def _planned_fraction(fraction: float, device_memory: int, total: int) -> float:
             f"this GPU's {budget_mod.format_bytes(total)}; plan on a larger GPU or lower the fraction"
         )
     return child_fraction
-
-
-def _start_planned(
-    source: Source, fraction: float, options: FitOptions, cache_path: str | None
-) -> tuple[CompileChild, DeviceInfo, int, int, int | None] | None:
-    """One start of the compile child for a planned card, when this GPU's total is known beforehand
-    (:func:`~jaxfit.fit.devices.cuda_total_bytes`); None without a GPU, or when the child's limit
-    is not the share of that total it was started with (then the caller measures it the long way)."""
-    from jaxfit.fit.devices import cuda_total_bytes
-
-    assert options.device_memory_bytes
-    total = cuda_total_bytes()
-    if total is None:
-        return None
-    child_fraction = _planned_fraction(fraction, options.device_memory_bytes, total)
-    child, info = _open_child(source, child_fraction, options, cache_path)
-    try:
-        limit = int(info.bytes_limit or 0)
-        if not info.limit_sensitive or abs(limit - child_fraction * total) > 0.01 * child_fraction * total:
-            child.close()
-            return None
-        return child, info, options.device_memory_bytes, limit, total
-    except BaseException as e:
-        child.close(polite=isinstance(e, Exception))
-        raise
 
 
 def _does_not_fit(rounds: _Rounds, grid: Grid, options: FitOptions, fraction: float, total: int) -> DoesNotFitError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -142,16 +143,22 @@ def cuda_total_bytes(timeout: float = 120.0) -> int | None:
     """The memory of the first visible GPU as JAX's allocator counts it (``bytes_limit`` under
     fraction 1), which is what every fraction is a share of: less than nvidia-smi's total (an H100
     80GB: 81,080 MiB against 81,559). Read in a short child process (this one keeps JAX unstarted);
-    None without a GPU or when it cannot be read. (Tests: ``$JAXFIT_EMULATE_GPU_TOTAL``, the GPU
-    that compile children emulate on a CPU.)"""
-    import json
-    import sys
-
+    None without a GPU or when it cannot be read; read once per process and set of visible GPUs.
+    (Tests: ``$JAXFIT_EMULATE_GPU_TOTAL``, the GPU that compile children emulate on a CPU.)"""
     emulated = os.environ.get("JAXFIT_EMULATE_GPU_TOTAL")
     if emulated:
         return int(emulated)
     if gpus_here() == 0:
         return None
+    return _read_cuda_total(os.environ.get("CUDA_VISIBLE_DEVICES"), timeout)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_cuda_total(visible: str | None, timeout: float) -> int | None:
+    """:func:`cuda_total_bytes` for the GPUs ``visible`` names, read once per process."""
+    import json
+    import sys
+
     code = (
         "import jax, json; d = jax.devices()[0]; "
         "print(json.dumps({'platform': d.platform, 'limit': (d.memory_stats() or {}).get('bytes_limit')}))"
