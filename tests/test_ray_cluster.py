@@ -25,7 +25,7 @@ from test_execute import _env, _fake, _queue
 
 from jaxfit.fit.command import PROBE_DIR
 from jaxfit.schedule.backends.local import LaunchSpec, read_status
-from jaxfit.schedule.backends.ray import RAY_LOST, RayLauncher
+from jaxfit.schedule.backends.ray import RAY_LOST, WRONG_GPU, RayLauncher
 
 pytestmark = pytest.mark.slow  # real Ray daemons and subprocesses
 
@@ -74,6 +74,10 @@ def cluster():
     mark = uuid.uuid4().hex
     head_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths are limited
     node_tmps = [tempfile.mkdtemp(prefix="rn", dir="/tmp") for _ in range(2)]
+    smi = Path(head_tmp) / "bin" / "nvidia-smi"  # the nodes' GPUs say they have 24 GiB
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 24576\n")
+    smi.chmod(0o755)
     port = _free_port()
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
     os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # the driver's too
@@ -89,7 +93,8 @@ def cluster():
         for node_tmp in node_tmps:
             subprocess.run(
                 [ray_cli, "start", f"--address=127.0.0.1:{port}", "--num-gpus=1", *common],
-                env=dict(env, TMPDIR=node_tmp), check=True, capture_output=True, timeout=180,
+                env=dict(env, TMPDIR=node_tmp, PATH=f"{smi.parent}{os.pathsep}{env['PATH']}"),
+                check=True, capture_output=True, timeout=180,
             )  # fmt: skip
         launcher = RayLauncher(address=f"127.0.0.1:{port}")
         yield {
@@ -209,6 +214,34 @@ def test_a_queue_is_placed_across_the_nodes(cluster, tmp_path):
     nodes = {n: re.search(r"ran on Ray node (\w+)", log) for n, log in logs.items()}
     assert all(nodes.values()), logs
     assert nodes["a"].group(1) != nodes["b"].group(1)  # one run on each node
+
+
+def test_a_run_planned_for_another_gpu_size_is_not_started_on_this_one(cluster, tmp_path):
+    """Its fraction is a share of the GPU it was planned for: on a node whose GPU (24 GiB, by its
+    nvidia-smi) is not that size, it is refused with one line in its log and exit code 78."""
+
+    def spec(name: str, planned: int) -> LaunchSpec:
+        return LaunchSpec(
+            name=name,
+            attempt=1,
+            command=(sys.executable, "-c", "print('trained')"),
+            env={},
+            log_path=str(tmp_path / f"{name}.log"),
+            status_path=str(tmp_path / f"{name}.status.json"),
+            gpu=0,
+            gpu_share=0.5,
+            cwd=str(tmp_path),
+            gpu_total_bytes=planned,
+        )
+
+    wrong = spec("wrong", 80 << 30)
+    assert _wait(cluster["launcher"].start(wrong)) == WRONG_GPU
+    log = Path(wrong.log_path).read_text()
+    assert "trained" not in log
+    assert "Ray gave it GPU 0 of 24.0 GiB, and it was planned for a GPU of 80.0 GiB" in log
+    right = spec("right", (24 << 30) - (144 << 20))  # CUDA's total of a GPU is a little below nvidia-smi's
+    assert _wait(cluster["launcher"].start(right)) == 0
+    assert "trained" in Path(right.log_path).read_text()
 
 
 def test_a_worker_node_that_dies_loses_its_run_and_leaves_no_command(cluster, tmp_path):

@@ -196,6 +196,7 @@ class Scheduler:
             gpu_share=min(1.0, record.need_bytes / self.totals[record.gpu]),
             gpu_count=len(self._gpus(record)),
             cwd=self.options.cwd or os.getcwd(),
+            gpu_total_bytes=None if self.logical else self.totals[record.gpu],
         )
 
     def _start(self, record: ExperimentRecord) -> None:

@@ -47,6 +47,8 @@ class LaunchSpec:
       cwd: The working directory of the command.
       gpu_count: GPUs the run takes (``gpus: N`` in the queue); above 1 the Ray backend asks for
         that many whole GPUs.
+      gpu_total_bytes: The memory of the GPU the plan placed it on, of which its fraction is a
+        share (None on logical GPUs): the Ray backend does not start it on a GPU of another size.
     """
 
     name: str
@@ -59,6 +61,7 @@ class LaunchSpec:
     gpu_share: float
     cwd: str
     gpu_count: int = 1
+    gpu_total_bytes: int | None = None
 
 
 class Handle(Protocol):

@@ -52,6 +52,11 @@ TRAVEL_OUTPUTS = ("JAXFIT_PIN_REPORT",)
 """Variables naming files an attempt writes: from another node, they come back with its result."""
 LOG_RETURN_BYTES = 64 << 20
 """The most of an attempt's log that comes back from another node (its end)."""
+WRONG_GPU = 78
+"""The exit code of an attempt that was not started because the GPU Ray gave it is not of the size
+the plan's fraction is a share of (more than :data:`GPU_SIZE_TOLERANCE` apart)."""
+GPU_SIZE_TOLERANCE = 0.02
+"""nvidia-smi's total and CUDA's differ by about 0.6 % on an H100; GPUs of other models by far more."""
 
 
 def _import_ray() -> Any:
@@ -162,6 +167,7 @@ def _make_task_function() -> Callable[..., int | dict[str, Any]]:
         grace_s: float,
         keep_omp: bool,
         luggage: Mapping[str, Any] | None = None,
+        planned_gpu_bytes: int | None = None,
     ) -> int | dict[str, Any]:
         """Run one attempt under the guard and the runner in a Ray worker; its exit code. On a node
         other than the scheduler's (``luggage``, from :func:`_luggage`), in a folder of its own with
@@ -286,6 +292,26 @@ def _make_task_function() -> Callable[..., int | dict[str, Any]]:
                     pass
             if stop["asked"]:
                 return come_back(-int(signal.SIGTERM))
+            if planned_gpu_bytes and gpu_ids:  # its fraction is a share of the planned GPU's memory
+                try:
+                    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+                    out = subprocess.run(
+                        [*query, "-i", str(gpu_ids[0])], capture_output=True, text=True, timeout=30
+                    ).stdout.split()
+                    gpu_bytes: int | None = int(float(out[0])) << 20
+                except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+                    gpu_bytes = None  # no nvidia-smi: nothing to compare with
+                if gpu_bytes and abs(gpu_bytes - planned_gpu_bytes) > gpu_tolerance * planned_gpu_bytes:
+                    with open(log_path, "ab") as log:
+                        log.write(
+                            (
+                                f"jaxfit: not started on {socket.gethostname()}: Ray gave it GPU {gpu_ids[0]} of "
+                                f"{gpu_bytes / 2**30:.1f} GiB, and it was planned for a GPU of "
+                                f"{planned_gpu_bytes / 2**30:.1f} GiB (its memory fraction is a share of that); "
+                                "give this node's GPUs a queue of their own, or use a cluster of alike GPUs\n"
+                            ).encode()
+                        )
+                    return come_back(wrong_gpu)
             if os.path.isfile(runner):
                 argv = [sys.executable, runner, status_path, "--", *command]
             else:  # this node lacks the checkout: run the runner from its shipped source
@@ -348,7 +374,7 @@ def _make_task_function() -> Callable[..., int | dict[str, Any]]:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
 
-    lost_code = RAY_LOST
+    lost_code, wrong_gpu, gpu_tolerance = RAY_LOST, WRONG_GPU, GPU_SIZE_TOLERANCE
     return jaxfit_attempt
 
 
@@ -541,6 +567,7 @@ class RayLauncher:
             float(self.grace_s),
             "OMP_NUM_THREADS" in os.environ,
             luggage,
+            spec.gpu_total_bytes,
         )
         outputs = {v: spec.env[v] for v in luggage["outputs"]}
         return RayHandle(self._ray, ref, spec.status_path, spec.log_path, outputs)
