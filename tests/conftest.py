@@ -10,6 +10,12 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, REPO, error_line  # noqa: F401 - re-exported for fixtures below
 
+# Ray 2.5x turns token authentication on for the Rays it starts. A test process that drives a
+# local Ray and later a cluster it started itself (tests/test_ray_cluster.py) must use one mode
+# throughout: a driver that learnt a token could not serve its objects to nodes without one
+# (OwnerDiedError). The subprocesses the tests start inherit it.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
@@ -18,6 +24,7 @@ def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXFIT_CACHE_DIR", str(cache_dir))
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
     return cache_dir
 
 

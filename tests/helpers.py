@@ -33,3 +33,17 @@ def processes_with(text: str) -> list[str]:
     """The pids of live processes whose environment holds ``text`` (a marker the test set, which
     every process it starts inherits)."""
     return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and text in process_environ(p.name)]
+
+
+def wait_for_code(handle, timeout: float = 30.0) -> int:
+    """The exit code of a scheduler attempt's handle (``poll()`` until it answers), or an assertion
+    error after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = handle.poll()
+        if code is not None:
+            return code
+        time.sleep(0.05)
+    raise AssertionError(f"the attempt did not end within {timeout} s")

@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for_code
 
 from jaxfit.errors import ConfigError
 from jaxfit.schedule.backends.local import LaunchSpec, _is_runner, read_status
-from jaxfit.schedule.backends.ray import RayHandle, RayLauncher, _make_task_function, ray_gpu_request
+from jaxfit.schedule.backends.ray import RayLauncher, _make_task_function, ray_gpu_request
 
 pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
@@ -79,16 +80,6 @@ def _spec(
     )
 
 
-def _wait(handle: RayHandle, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        code = handle.poll()
-        if code is not None:
-            return code
-        time.sleep(0.05)
-    raise AssertionError(f"the attempt did not end within {timeout} s")
-
-
 def _wait_for_line(path: str, line: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -118,7 +109,7 @@ def test_runs_command_with_env_log_cwd_and_ray_gpu(launcher, tmp_path):
     Path(spec.log_path).parent.mkdir()
     Path(spec.log_path).write_text("earlier attempt\n")
     handle = launcher.start(spec)
-    assert _wait(handle) == 0
+    assert wait_for_code(handle) == 0
     lines = Path(spec.log_path).read_text().splitlines()
     assert lines[0] == "earlier attempt"  # appended, like the local backend
     assert "VAR hello ray" in lines and "to stderr" in lines
@@ -152,7 +143,7 @@ def test_ray_packs_runs_by_gpu_share(launcher, tmp_path):
     handles = [
         launcher.start(_spec(tmp_path, f"r{i}", [sys.executable, "-c", barrier, str(marks), f"r{i}"])) for i in range(5)
     ]
-    assert [_wait(h, 90) for h in handles] == [0] * 5
+    assert [wait_for_code(h, 90) for h in handles] == [0] * 5
     runs = sorted((json.loads((marks / f"r{i}.json").read_text()) for i in range(5)), key=lambda r: r["start"])
     first, fifth = runs[:4], runs[4]
     assert all(r["saw"] >= 4 for r in first), runs  # four ran at the same time...
@@ -174,20 +165,20 @@ def test_terminate_kill_and_cancel_before_start(launcher, tmp_path):
 
     hc.terminate()  # never started: dropped from Ray's queue
     hc.terminate()  # asking twice is harmless
-    assert _wait(hc, 10) == -signal.SIGTERM
+    assert wait_for_code(hc, 10) == -signal.SIGTERM
     assert not os.path.exists(c.log_path) and read_status(c.status_path) is None
 
     t0 = time.monotonic()
     ha.terminate()
     ha.terminate()
-    assert _wait(ha, 15) == -signal.SIGTERM  # the command died of the SIGTERM
+    assert wait_for_code(ha, 15) == -signal.SIGTERM  # the command died of the SIGTERM
     assert time.monotonic() - t0 < 8
     assert read_status(a.status_path) == -signal.SIGTERM
     assert not _is_runner(ha.pid, a.status_path)
 
     t0 = time.monotonic()
     hb.kill()
-    assert _wait(hb, 15) == -signal.SIGKILL
+    assert wait_for_code(hb, 15) == -signal.SIGKILL
     assert time.monotonic() - t0 < 8
     assert not _is_runner(hb.pid, b.status_path)
 
@@ -202,7 +193,7 @@ def test_worker_death_stops_the_command(launcher, tmp_path):
     runner = handle.pid
     assert isinstance(runner, int)
     ray.cancel(handle.ref, force=True)  # kills the worker only, not the runner's group
-    assert _wait(handle, 20) == -signal.SIGTERM  # recorded by the runner: the guard SIGTERMed it
+    assert wait_for_code(handle, 20) == -signal.SIGTERM  # recorded by the runner: the guard SIGTERMed it
     assert read_status(spec.status_path) == -signal.SIGTERM
     deadline = time.monotonic() + 10  # the guard, runner and command are gone (or about to be)
     while _processes_mentioning(spec.status_path) and time.monotonic() < deadline:
@@ -222,7 +213,7 @@ def test_terminate_escalates_to_sigkill_after_grace(launcher, tmp_path):
     _wait_for_line(spec.log_path, "up")
     t0 = time.monotonic()
     handle.terminate()
-    assert _wait(handle, 15) == -signal.SIGKILL  # the runner was killed before recording anything
+    assert wait_for_code(handle, 15) == -signal.SIGKILL  # the runner was killed before recording anything
     assert 0.9 < time.monotonic() - t0 < 8
     assert read_status(spec.status_path) is None
     quick.close()
@@ -233,8 +224,8 @@ def test_nonzero_exit_codes_come_back(launcher, tmp_path):
     three = launcher.start(_spec(tmp_path, "three", [sys.executable, "-c", "import sys; sys.exit(3)"]))
     missing = _spec(tmp_path, "missing", [str(tmp_path / "no-such-program")])
     gone = launcher.start(missing)
-    assert _wait(three) == 3
-    assert _wait(gone) == 127  # the runner could not start the command
+    assert wait_for_code(three) == 3
+    assert wait_for_code(gone) == 127  # the runner could not start the command
     assert "cannot start" in Path(missing.log_path).read_text()
 
 

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import wait_for_code
 from test_execute import _env, _fake, _queue
 
 from jaxfit.fit.command import PROBE_DIR
@@ -80,26 +81,28 @@ def cluster():
     smi.chmod(0o755)
     port = _free_port()
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
-    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # the driver's too
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # the driver too (conftest)
     env = dict(os.environ, **{MARK: mark})
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
+    common = ["--num-cpus=1", "--disable-usage-stats"]  # the machine's own address, as a driver takes it
     launcher = None
     try:
-        subprocess.run(
+        head = subprocess.run(
             [ray_cli, "start", "--head", f"--port={port}", "--num-gpus=0", "--include-dashboard=false",
              f"--temp-dir={head_tmp}", *common],
-            env=env, check=True, capture_output=True, timeout=180,
+            env=env, check=True, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
+        found = re.search(r"ray start --address='([^']+)'", head.stdout + head.stderr)
+        address = found.group(1) if found else f"127.0.0.1:{port}"
         for node_tmp in node_tmps:
             subprocess.run(
-                [ray_cli, "start", f"--address=127.0.0.1:{port}", "--num-gpus=1", *common],
+                [ray_cli, "start", f"--address={address}", "--num-gpus=1", *common],
                 env=dict(env, TMPDIR=node_tmp, PATH=f"{smi.parent}{os.pathsep}{env['PATH']}"),
                 check=True, capture_output=True, timeout=180,
             )  # fmt: skip
-        launcher = RayLauncher(address=f"127.0.0.1:{port}")
+        launcher = RayLauncher(address=address)
         yield {
             "launcher": launcher,
-            "address": f"127.0.0.1:{port}",
+            "address": address,
             "node_tmps": [Path(t) for t in node_tmps],
             "mark": mark,
         }
@@ -123,16 +126,6 @@ def cluster():
             else:
                 os.environ[key] = value
         assert not left, f"processes of the cluster outlived it: {sorted(left)}"
-
-
-def _wait(handle, timeout: float = 60.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        code = handle.poll()
-        if code is not None:
-            return code
-        time.sleep(0.1)
-    raise AssertionError(f"the attempt did not end within {timeout} s")
 
 
 SEES = """
@@ -179,7 +172,7 @@ def test_a_run_on_another_node_takes_its_files_along_and_brings_its_outputs_back
         cwd=str(tmp_path / "not-on-that-node"),
     )
     handle = cluster["launcher"].start(spec)
-    assert _wait(handle) == 0
+    assert wait_for_code(handle) == 0
     log = Path(spec.log_path).read_text()
     seen = json.loads(next(line for line in log.splitlines() if line.startswith("SEEN "))[5:])
     node_tmp = next(str(t) for t in cluster["node_tmps"] if seen["pin"].startswith(str(t)))  # a copy there
@@ -235,12 +228,12 @@ def test_a_run_planned_for_another_gpu_size_is_not_started_on_this_one(cluster, 
         )
 
     wrong = spec("wrong", 80 << 30)
-    assert _wait(cluster["launcher"].start(wrong)) == WRONG_GPU
+    assert wait_for_code(cluster["launcher"].start(wrong)) == WRONG_GPU
     log = Path(wrong.log_path).read_text()
     assert "trained" not in log
     assert "Ray gave it GPU 0 of 24.0 GiB, and it was planned for a GPU of 80.0 GiB" in log
     right = spec("right", (24 << 30) - (144 << 20))  # CUDA's total of a GPU is a little below nvidia-smi's
-    assert _wait(cluster["launcher"].start(right)) == 0
+    assert wait_for_code(cluster["launcher"].start(right)) == 0
     assert "trained" in Path(right.log_path).read_text()
 
 
@@ -287,7 +280,7 @@ def test_a_worker_node_that_dies_loses_its_run_and_leaves_no_command(cluster, tm
     worker = [pid for pid in raylets if node_env in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
     assert len(worker) == 1, raylets
     os.kill(worker[0], signal.SIGKILL)
-    assert _wait(handle, timeout=90) == RAY_LOST
+    assert wait_for_code(handle, timeout=90) == RAY_LOST
     deadline = time.monotonic() + 30
     while commands() and time.monotonic() < deadline:
         time.sleep(0.2)
