@@ -54,7 +54,7 @@ def schedule_command(
         resume: Continue the schedule stored in --state-dir (its plan is kept; the queue file gives only its env values again).
         state_dir: Where the state (SQLite), logs and timeline go (default: jaxfit-runs/<queue file stem>).
         backend: local (child processes here) or ray (one Ray task per run, num_gpus = its share of a GPU).
-        ray_address: The Ray cluster (e.g. auto); default: a local Ray started for this schedule.
+        ray_address: The Ray cluster (e.g. auto, or host:6379); default: a local Ray started for this schedule. A run Ray places on another node takes its files along (pin, settings, start-up hook) and brings its log and status back when it ends; its variables come from the queue's env, and it is not started on a GPU of another size than planned (exit 78).
         gpus: Plan on this many GPUs (with --device-memory: logical GPUs; runs then compute on the CPU).
         device_memory: The memory of each logical GPU, e.g. 80GiB (overrides the queue's device_memory; with GPUs visible, only for --dry-run).
         json: Write the plan (--dry-run) or each run's outcome (name, gpu, mem_fraction, batch_size, state, attempts, started_at, ended_at...) to this file.
