@@ -85,6 +85,7 @@ def run_main(args: argparse.Namespace) -> int:
         "fraction": args.fraction,
         "remat": args.remat,
         "precision": args.precision,
+        "tune_args": args.tune_arg,
     }
     if not args.skip_tune:
         with tempfile.TemporaryDirectory() as cache:
@@ -112,6 +113,7 @@ def run_main(args: argparse.Namespace) -> int:
                 "--png",
                 str(out / "tune.png"),
                 "--quiet",
+                *args.tune_arg,
             ]
             start = time.time()
             proc = subprocess.run(
@@ -208,6 +210,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--skip-tune", action="store_true")
     p.add_argument("--skip-grid", action="store_true")
+    p.add_argument(
+        "--tune-arg", action="append", default=[], help="passed to jaxfit tune, e.g. --tune-arg=--measure=inline"
+    )
     p = sub.add_parser("table")
     p.add_argument("raw")
     args = parser.parse_args()

@@ -295,7 +295,7 @@ def test_a_candidate_clearly_slower_than_the_best_is_dropped_after_a_short_look(
     assert fast["status"] == "measured" and fast["timed_steps"] == 8
     assert slow["status"] == "dropped" and slow["timed_steps"] == 2, slow  # a quarter of 8
     assert slow["samples_per_second"] < 0.9 * fast["samples_per_second"]
-    assert slow["note"].startswith("dropped after 2 timed steps")
+    assert slow["note"].startswith("after 2 timed steps: ")
     assert _result(tmp_path)["best"]["setting"] == "--input-seconds=0"
     assert "1 dropped after 2 timed step(s) as clearly slower" in proc.stdout
 

@@ -589,8 +589,8 @@ def _apply(row: Row, measured: Mapping[str, Any]) -> None:
         if measured.get("program_pinned") is False:
             row.note = "ran its own program, not the pinned one"
         if row.status == "dropped":
-            row.note = (
-                f"dropped after {len(steps)} timed step{'s' if len(steps) > 1 else ''}: "
+            row.note = (  # the table shows it after the status: "dropped: after 1 timed step: ..."
+                f"after {len(steps)} timed step{'s' if len(steps) > 1 else ''}: "
                 f"{row.samples_per_second:.1f} samples/s, clearly below the best measured before it"
             )
         return
