@@ -152,12 +152,10 @@ def _check_cap(limit: int, fraction: float, total: int) -> None:
     expected = fraction * total
     if abs(limit - expected) <= CAP_TOLERANCE * expected + (64 << 20):
         return
-    from jaxfit.fit.budget import fraction_variable
-
     fmt = budget_mod.format_bytes
     raise ConfigError(
         f"the compile process's GPU memory limit is {fmt(limit)}, not {fraction:.6g} of this GPU's {fmt(total)} "
-        f"({fmt(round(expected))}): this jax did not take {fraction_variable()} as a fixed pool, so no fraction is a "
+        f"({fmt(round(expected))}): this jax did not take {budget_mod.fraction_variable()} as a fixed pool, so no fraction is a "
         "cap here; unset XLA_PYTHON_CLIENT_ALLOCATOR and any pool-growth setting in XLA_FLAGS"
     )
 

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 
+from jaxfit._probe.jaxfit_compile_server import EMULATE_GPU_ENV
 from jaxfit.fit.budget import set_fraction
 
 
@@ -145,7 +146,7 @@ def cuda_total_bytes(timeout: float = 120.0) -> int | None:
     80GB: 81,080 MiB against 81,559). Read in a short child process (this one keeps JAX unstarted);
     None without a GPU or when it cannot be read; read once per process and set of visible GPUs.
     (Tests: ``$JAXFIT_EMULATE_GPU_TOTAL``, the GPU that compile children emulate on a CPU.)"""
-    emulated = os.environ.get("JAXFIT_EMULATE_GPU_TOTAL")
+    emulated = os.environ.get(EMULATE_GPU_ENV)
     if emulated:
         return int(emulated)
     if gpus_here() == 0:

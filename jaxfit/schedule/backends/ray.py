@@ -513,6 +513,9 @@ class RayLauncher:
                 self._local_gpus = float(ray.cluster_resources().get("GPU", 0))
         self._task = ray.remote(_make_task_function())
         self._node = str(ray.get_runtime_context().get_node_id())  # the scheduler's node
+        # A local Ray started here is one node for good: nothing need travel (a pin's executable
+        # can be gigabytes); a cluster may place an attempt on any node.
+        self._one_node = self._owns_ray and address is None
         self._guard_source = Path(GUARD).read_text()  # part of the package, like the runner
         try:
             self._runner_source = Path(RUNNER).read_text()
@@ -547,7 +550,7 @@ class RayLauncher:
         for stale in (spec.status_path, _pid_path(spec.status_path)):
             with contextlib.suppress(OSError):
                 os.unlink(stale)
-        luggage = _luggage(spec, self._node)
+        luggage = None if self._one_node else _luggage(spec, self._node)
         ref = self._task.options(
             num_gpus=num_gpus,
             num_cpus=TASK_NUM_CPUS,
@@ -569,7 +572,7 @@ class RayLauncher:
             luggage,
             spec.gpu_total_bytes,
         )
-        outputs = {v: spec.env[v] for v in luggage["outputs"]}
+        outputs = {v: spec.env[v] for v in luggage["outputs"]} if luggage else {}
         return RayHandle(self._ray, ref, spec.status_path, spec.log_path, outputs)
 
     def adopt(self, pid: int, status_path: str) -> None:
