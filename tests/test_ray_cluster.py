@@ -285,3 +285,62 @@ def test_a_worker_node_that_dies_loses_its_run_and_leaves_no_command(cluster, tm
     while commands() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not commands(), "the command outlived its node"
+
+
+def test_a_schedule_starts_a_run_lost_with_its_node_again_without_spending_a_retry(cluster, tmp_path):
+    """A node joins; the run lands on one of the two worker nodes, and that node dies mid-run. The
+    run has no retries (`retries: 0`), so only a loss that spends none lets it finish: on the node
+    that remains, with the lost attempt's log saying what happened (its node brought nothing back)."""
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    joined = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+    try:
+        subprocess.run(
+            [ray_cli, "start", f"--address={cluster['address']}", "--num-gpus=1", "--num-cpus=1",
+             "--disable-usage-stats"],
+            env=dict(os.environ, TMPDIR=joined, **{MARK: cluster["mark"]}),
+            check=True, capture_output=True, timeout=180,
+        )  # fmt: skip
+        out = {"FAKE_TRAIN_OUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
+        _queue(tmp_path, [_fake("far", "--sleep=10", fraction=0.6, env=out, retries=0)], gpus=2)
+        schedule = subprocess.Popen(
+            [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", "--gpus", "2", "--device-memory", "8GiB",
+             "--grace", "2", "--monitor-interval", "0.2", "--quiet", "--backend", "ray", "--ray-address",
+             cluster["address"], "--json", "result.json"],
+            cwd=tmp_path, env=_env(tmp_path / "out"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            command = None
+            deadline = time.monotonic() + 90
+            while command is None and time.monotonic() < deadline:
+                for entry in Path("/proc").iterdir():
+                    try:
+                        if entry.name.isdigit() and b"--exp-name=far" in (entry / "cmdline").read_bytes():
+                            command = entry
+                            break
+                    except OSError:
+                        continue
+                time.sleep(0.2)
+            assert command is not None, "the run never started"
+            node_env = next(e for e in (command / "environ").read_bytes().split(b"\0") if e.startswith(b"TMPDIR="))
+            raylets = [
+                pid
+                for pid in _marked(cluster["mark"])
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"raylet")
+                and node_env in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            ]
+            assert len(raylets) == 1
+            os.kill(raylets[0], signal.SIGKILL)
+            output, _ = schedule.communicate(timeout=150)
+        finally:
+            if schedule.poll() is None:
+                schedule.kill()
+                schedule.wait()
+        assert schedule.returncode == 0, output
+        run = json.loads((tmp_path / "result.json").read_text())["experiments"][0]
+        assert (run["state"], run["attempts"], run["crashes"]) == ("done", 2, 0)
+        logs = sorted(Path(run["log_path"]).parent.glob("far.*.log"))
+        assert [p.name for p in logs] == ["far.1.log", "far.2.log"]
+        assert "lost with its Ray worker or node" in logs[0].read_text()
+        assert "this attempt ran on Ray node" in logs[1].read_text()
+    finally:
+        shutil.rmtree(joined, ignore_errors=True)

@@ -27,10 +27,22 @@ from jaxfit.fit.pin import Pin, hook_environment, read_report
 from jaxfit.run.accumulation import next_accumulation, with_steps
 from jaxfit.run.tracking import resolve_mode
 from jaxfit.schedule import packing
-from jaxfit.schedule.backends.local import DEFAULT_GRACE_SECONDS, LOST, Handle, Launcher, LaunchSpec, read_status_file
+from jaxfit.schedule.backends.local import (
+    DEFAULT_GRACE_SECONDS,
+    LOST,
+    LOST_WITH_NODE,
+    Handle,
+    Launcher,
+    LaunchSpec,
+    read_status_file,
+)
 from jaxfit.schedule.state import Attempt, ExperimentRecord, RunState, StateStore
 
 LOG_OOM_MARKERS = ("OutOfMemoryError", GUARD_MARKER)
+
+MAX_NODE_LOSSES = 3
+"""Attempts of one run that may die with their node or worker (Ray) before a further loss counts
+as a crash, which spends a retry: a node that keeps dying under one run is not bad luck."""
 """Text in a failed attempt's log that means it ran out of memory, beyond XLA's own markers
 (:func:`jaxfit._probe.jaxfit_compile_server.is_out_of_memory`, docs/facts.md #8): also jaxfit's
 guard, which stops a run whose own program does not fit before its first step."""
@@ -275,7 +287,7 @@ class Scheduler:
         self.handles.pop(name, None)
         self.attempt_started.pop(name, None)
         self.stopping_since.pop(name, None)
-        common: dict[str, Any] = {"pid": None, "exit_code": None if code == LOST else code}
+        common: dict[str, Any] = {"pid": None, "exit_code": None if code in (LOST, LOST_WITH_NODE) else code}
         changes: dict[str, Any]
         if name in self.timed_out:
             self.timed_out.discard(name)
@@ -293,6 +305,10 @@ class Scheduler:
         elif code == LOST:
             outcome, changes = "lost", dict(state=RunState.PENDING, reason="its runner vanished without an exit code")
             self._event("lost", name, "its runner vanished without recording an exit code; starting it again")
+        elif code == LOST_WITH_NODE and self._losses(name) < MAX_NODE_LOSSES:
+            outcome = "lost"
+            changes = dict(state=RunState.PENDING, reason="its worker or node died under it; starting it again")
+            self._event("lost", name, "its worker or node died under it; starting it again (no retry spent)")
         elif ran_out_of_memory(record.log_path):
             outcome = "oom"
             steps = next_accumulation(record.batch_size, record.grad_accum_steps)
@@ -340,6 +356,10 @@ class Scheduler:
                 self._event("failed", name, f"exit code {code}; no retries left (log {record.log_path})")
         self.store.end_attempt(name, record.attempts, ended_at=now, exit_code=common["exit_code"], outcome=outcome)
         self.store.update(name, **common, **changes)
+
+    def _losses(self, name: str) -> int:
+        """How many attempts of ``name`` were lost with their node or worker so far."""
+        return sum(1 for a in self.store.attempts(name) if a.outcome == "lost")
 
     @staticmethod
     def _elapsed(record: ExperimentRecord, now: float) -> str:

@@ -187,6 +187,11 @@ class AdoptedHandle(_GroupSignals):
 LOST = -1000
 """The exit code given to an attempt whose runner vanished without recording one."""
 
+LOST_WITH_NODE = -1001
+"""The exit code of an attempt that died with the machine under it (a Ray task whose worker or
+node died before its runner recorded a code): not the run's fault, so the scheduler starts it
+again without spending one of its retries."""
+
 
 class LocalLauncher:
     """Runs attempts as child processes of this machine."""

@@ -21,6 +21,7 @@ from typing import Any
 from jaxfit.errors import ConfigError
 from jaxfit.schedule.backends.local import (
     DEFAULT_GRACE_SECONDS,
+    LOST_WITH_NODE,
     RUNNER,
     LaunchSpec,
     _is_runner,
@@ -34,8 +35,13 @@ GRACE_S = DEFAULT_GRACE_SECONDS
 TASK_NUM_CPUS = 0
 """CPUs each attempt's task reserves: none, so only GPU shares limit how many run at once."""
 
-RAY_LOST = -1001
-"""The exit code of an attempt whose Ray task failed (worker or node died) before the runner recorded one."""
+RAY_LOST = LOST_WITH_NODE
+"""The exit code of an attempt whose Ray task was lost (its worker or node died, or it was
+cancelled) before the runner recorded one."""
+
+RAY_TASK_ERROR = -1002
+"""The exit code of an attempt whose Ray task itself raised (a bug or a broken node environment,
+not a lost machine): counted as a crash."""
 
 _RESOURCE_SCALE = 10_000
 """Ray counts fractional resources in steps of 1/10000."""
@@ -74,6 +80,14 @@ def _boot_id() -> str | None:
             return f.read().strip()
     except OSError:
         return None
+
+
+def _first_line(error: BaseException) -> str:
+    """An exception's first non-empty line (Ray's errors carry pages of context)."""
+    for line in str(error).splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return type(error).__name__
 
 
 def _pid_path(status_path: str) -> str:
@@ -400,6 +414,15 @@ class RayHandle:
         self._stop_signal: int | None = None
         self._code: int | None = None
 
+    def _note(self, text: str) -> None:
+        """Add a line to the attempt's log here (an attempt lost with another node brings none back)."""
+        if not self.log_path:
+            return
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+            with open(self.log_path, "ab") as f:
+                f.write(f"jaxfit: {text}\n".encode())
+
     def _learn_pid(self) -> None:
         """Set :attr:`pid` from the task's pid file, when the runner runs on this host."""
         if self.pid is not None:
@@ -431,8 +454,13 @@ class RayHandle:
                 _land(result, self.log_path, self.status_path, self.outputs)
                 result = result["code"]
             code = int(result)
-        except self._ray.exceptions.RayError:
-            code = RAY_LOST  # the task failed: cancelled, or its worker or node died
+        except self._ray.exceptions.RayTaskError as e:  # the task's own code raised
+            code = RAY_TASK_ERROR
+            self._note(f"its Ray task failed: {_first_line(e)}")
+        except self._ray.exceptions.RayError as e:
+            code = RAY_LOST  # cancelled, or its worker or node died
+            if self._stop_signal is None:
+                self._note(f"this attempt was lost with its Ray worker or node: {_first_line(e)}")
         if code == RAY_LOST:
             if (
                 read_status(self.status_path) is None
