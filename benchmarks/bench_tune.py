@@ -33,19 +33,20 @@ sys.path.insert(0, str(REPO))
 
 def grid_run(example: str, sets: list[str], batch: int, fraction: float, warmup: int, steps: int) -> dict:
     """One grid point: a fresh process, timed by the hook; its samples/s or how it failed."""
+    from jaxfit.fit.budget import fraction_variable
     from jaxfit.fit.command import hooked_pythonpath
 
     folder = Path(tempfile.mkdtemp(prefix="bench-tune-"))
     report = folder / "measure.json"
     env = dict(
         os.environ,
-        XLA_PYTHON_CLIENT_MEM_FRACTION=str(fraction),
         PYTHONPATH=hooked_pythonpath(),
         JAXFIT_MEASURE=f"{warmup},{steps}",
         JAXFIT_MEASURE_REPORT=str(report),
         JAXFIT_MEASURE_STEP_NAME="train_step",
         TF_CPP_MIN_LOG_LEVEL="2",
     )
+    env[fraction_variable()] = str(fraction)  # the spelling the installed jaxlib reads, never both
     cmd = [
         sys.executable,
         "-m",
@@ -133,6 +134,8 @@ def run_main(args: argparse.Namespace) -> int:
                 point = grid_run(args.example, sets, args.global_batch, args.fraction, args.warmup, args.steps)
                 point.update(setting=setting.name, micro_batch=micro, accum_steps=accum)
                 grid.append(point)
+                with (out / "grid-points.jsonl").open("a") as f:  # each point as it ends: a cut grid keeps them
+                    f.write(json.dumps(point) + "\n")
                 said = (
                     f"{point['samples_per_second']:.1f} samples/s"
                     if point.get("ok")
