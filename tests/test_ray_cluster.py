@@ -26,7 +26,7 @@ from test_execute import _env, _fake, _queue
 
 from jaxfit.fit.command import PROBE_DIR
 from jaxfit.schedule.backends.local import LaunchSpec, read_status
-from jaxfit.schedule.backends.ray import RAY_LOST, WRONG_GPU, RayLauncher
+from jaxfit.schedule.backends.ray import OWNER_NAMESPACE, RAY_LOST, WRONG_GPU, RayLauncher, owner_name
 
 pytestmark = pytest.mark.slow  # real Ray daemons and subprocesses
 
@@ -235,6 +235,60 @@ def test_a_run_planned_for_another_gpu_size_is_not_started_on_this_one(cluster, 
     right = spec("right", (24 << 30) - (144 << 20))  # CUDA's total of a GPU is a little below nvidia-smi's
     assert wait_for_code(cluster["launcher"].start(right)) == 0
     assert "trained" in Path(right.log_path).read_text()
+
+
+def _process_with(needle: bytes, timeout: float = 90) -> Path | None:
+    """The /proc entry of a live process whose command line holds ``needle``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                if (
+                    entry.name.isdigit()
+                    and needle in (entry / "cmdline").read_bytes()
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                ):
+                    return entry
+            except OSError:
+                continue
+        time.sleep(0.2)
+    return None
+
+
+def test_resume_adopts_the_runs_a_dead_scheduler_left_on_the_cluster(cluster, tmp_path):
+    """SIGKILL to `jaxfit schedule` mid-run: on a cluster its run belongs to the schedule's owner
+    actor, not to the dead driver, so it goes on; `--resume` (the cluster's address kept in the
+    state) adopts it: one attempt, finished, nothing run twice; the owner actor is gone at the end."""
+    out = {"FAKE_TRAIN_OUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
+    _queue(tmp_path, [_fake("kept", "--sleep=12", fraction=0.6, env=out, retries=0)], gpus=2)
+    schedule = subprocess.Popen(
+        [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", "--gpus", "2", "--device-memory", "8GiB",
+         "--grace", "2", "--monitor-interval", "0.2", "--quiet", "--backend", "ray", "--ray-address",
+         cluster["address"]],
+        cwd=tmp_path, env=_env(tmp_path / "out"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        command = _process_with(b"--exp-name=kept")
+        assert command is not None, "the run never started"
+        schedule.kill()
+    finally:
+        schedule.kill()
+        schedule.wait()
+    time.sleep(3)
+    assert (command / "cmdline").exists(), "the run died with the scheduler"
+    resumed = subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", "--resume", "--grace", "2",
+         "--monitor-interval", "0.2", "--json", "result.json"],
+        cwd=tmp_path, env=_env(tmp_path / "out"), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "adopted" in resumed.stdout
+    run = json.loads((tmp_path / "result.json").read_text())["experiments"][0]
+    assert (run["state"], run["attempts"]) == ("done", 1)
+    assert "this attempt ran on Ray node" in Path(run["log_path"]).read_text()
+    assert not (tmp_path / "jaxfit-runs" / "queue" / "logs" / "kept.2.log").exists()
+    with pytest.raises(ValueError):
+        ray.get_actor(owner_name(str(tmp_path / "jaxfit-runs" / "queue")), namespace=OWNER_NAMESPACE)
 
 
 def test_a_worker_node_that_dies_loses_its_run_and_leaves_no_command(cluster, tmp_path):

@@ -149,6 +149,18 @@ def _gpt_fp32_tuned(b: int) -> float:
     return squeezed(b) if b <= 13 else (18300 + 1250 * (b - 14)) * MiB
 
 
+def _fsdp4_untuned(b: int) -> float:
+    """pi0 under FSDP-4 on an H100, untuned (global batch; 80 GiB card at 0.9): 53.04 GiB at 512,
+    63.55 at 680, squeezed to 65.68 at 864, then a cliff (75.61 at 868)."""
+    affine = 53.04 + 0.0626 * (b - 512)
+    return (min(affine, 63.55 + 0.0116 * (b - 680)) if b <= 864 else affine + 0.4) * GiB
+
+
+def _fsdp4_tuned(b: int) -> float:
+    """The same, autotuned: 84.82 GiB at 864 (19 GiB above untuned), less far apart lower down."""
+    return (53.04 + 0.0626 * (b - 512) + 12 + 0.008 * b) * GiB
+
+
 TWO_PHASE: list[tuple[str, Callable[[int], float], Callable[[int], float], float, Grid, int]] = [
     # name, untuned, tuned, budget, grid, most autotuned rounds allowed
     ("curves-agree", lambda b: 1e9 + 2.1e8 * b, lambda b: 1e9 + 2.1e8 * b + 47e3, 5.728e9, Grid(1, 65536), 1),
@@ -159,6 +171,9 @@ TWO_PHASE: list[tuple[str, Callable[[int], float], Callable[[int], float], float
     ("only-untuned-fits", lambda b: 0.95e9 + 1e6 * b, lambda b: 1.2e9 + 1e6 * b, 1e9, Grid(1, 4096), 2),
     ("max-bound", lambda b: 1e9 + 1e6 * b, lambda b: 1e9 + 1.01e6 * b, 5e9, Grid(1, 1000), 1),
     ("nothing-fits", lambda b: 1e12 + b, lambda b: 1e12 + b, 1e9, Grid(1, 4096), 1),
+    # Autotuned far above untuned, everywhere (FSDP): 6 autotuned rounds before the prior learnt the gap.
+    ("fsdp-tuned-far-above", _fsdp4_untuned, _fsdp4_tuned, 72 * GiB, Grid(512, 1024, 4), 2),
+    ("fsdp-tuned-below-the-window", _fsdp4_untuned, _fsdp4_tuned, 72 * GiB, Grid(600, 1024, 4), 2),
 ]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, overload
 
@@ -362,6 +363,8 @@ def settle(
     slope: float | None,
     width: int = 2,
     max_rounds: int = 32,
+    cheap: Mapping[int, float] | None = None,
+    budget: float | None = None,
 ) -> SearchResult:
     """Find the boundary of an expensive curve, starting where a cheap curve put it.
 
@@ -383,12 +386,17 @@ def settle(
       slope: Excess per unit of batch where the curve is affine (from the cheap curve), or ``None``.
       width: Expensive points per round.
       max_rounds: A guard against an erratic oracle.
+      cheap: The whole cheap curve. When the expensive points part from it at the same batches by
+        more than :data:`GAP_SHIFT` of ``budget`` (autotuned FSDP programs), the prior keeps only
+        the cheap points beyond that gap (:func:`gap_prior`).
+      budget: The budget the excesses are measured against (with ``cheap``).
 
     Returns:
       The result over the expensive points only (``known``), with the rounds spent here.
     """
     known: dict[int, float] = {}
     rounds = evaluations = 0
+    cheap_curve = dict(cheap or {})
     if start is None:
         points = [grid.first]
     else:
@@ -401,7 +409,7 @@ def settle(
         evaluations += len(points)
         for x in points:
             known[x] = float(answers[x])
-        points = _next_settle_round(grid, known, prior, slope, width)
+        points = _next_settle_round(grid, known, prior, slope, width, cheap_curve, budget)
     outcome = settled(grid, known)
     assert outcome is not None
     b = Bracket.of(known)
@@ -456,7 +464,37 @@ def prove(
         prior=trusted_prior(cheap.known, budget),
         slope=affine_slope(cheap.known, budget),
         width=width,
+        cheap=cheap.known,
+        budget=budget,
     )
+
+
+GAP_SHIFT = 0.02
+"""The share of the budget by which expensive points may differ from cheap ones at the same batches
+before the prior is narrowed by the difference (:func:`gap_prior`)."""
+
+
+def gap_prior(
+    known: Mapping[int, float], cheap: Mapping[int, float], budget: float, margin: float = TRUST_MARGIN
+) -> dict[int, float] | None:
+    """The cheap points still trusted once expensive points have shown how far the two curves part.
+
+    ``gap`` is the median of expensive minus cheap excess at the batches both have. A cheap fit is
+    trusted only ``margin`` of the budget plus the gap below it (a cheap failure, plus minus the
+    gap above it). Autotuned programs under FSDP need far more than untuned ones (pi0 on 80 GiB
+    cards at 0.9: 5 to 12 GiB more with 2 devices, 19 GiB more with 4; benchmarks/README.md
+    sections 10 and 13): with the plain margin a cheap point 7.2 GiB under the budget vouched for a
+    batch that needed 12 GiB more than the budget, and kept each round of an H100 fit of pi0 under
+    FSDP-4 within a few batches of the last. None when the gap is within :data:`GAP_SHIFT`.
+    """
+    common = [x for x in known if x in cheap and math.isfinite(known[x]) and math.isfinite(cheap[x])]
+    if not common:
+        return None
+    gap = statistics.median(known[x] - cheap[x] for x in common)
+    if abs(gap) <= GAP_SHIFT * budget:
+        return None
+    below, above = margin * budget + max(0.0, gap), margin * budget + max(0.0, -gap)
+    return {x: e for x, e in cheap.items() if e <= -below or e >= above}
 
 
 SLOPE_STEPS = 3
@@ -467,9 +505,18 @@ batch) would otherwise move the same few batches a round (an H100 fit of mlp-tin
 
 
 def _next_settle_round(
-    grid: Grid, known: Mapping[int, float], prior: Mapping[int, float], slope: float | None, width: int
+    grid: Grid,
+    known: Mapping[int, float],
+    prior: Mapping[int, float],
+    slope: float | None,
+    width: int,
+    cheap: Mapping[int, float] | None = None,
+    budget: float | None = None,
 ) -> list[int]:
     """The expensive points to compile next for :func:`settle`, or ``[]`` once proved."""
+    narrowed = gap_prior(known, cheap, budget) if cheap and budget else None
+    if narrowed is not None:  # the two curves part: trust only cheap points beyond the gap
+        prior = narrowed
     merged = {**prior, **known}
     outcome = settled(grid, merged)
     if outcome is not None:

@@ -300,6 +300,8 @@ def start_schedule(
             console.print(f"the finished schedule that was in {state_dir} is now in {archived}", highlight=False)
         launcher = make_launcher(backend, ray_address, logical_gpus=len(gpus) if logical else None)
         store = create_state(state_dir, queue, runs, plan, logical=logical, backend=backend, wandb_group=group)
+        if ray_address is not None:  # --resume finds the cluster (and the attempts it keeps) again
+            store.set_meta("ray_address", ray_address)
         scheduler = Scheduler(
             store,
             launcher,
@@ -366,7 +368,7 @@ def resume_schedule(
             logical = bool(store.meta("logical", False))
             launcher = make_launcher(
                 backend,
-                ray_address,
+                ray_address or store.meta("ray_address"),
                 logical_gpus=len(packing.Plan.from_dict(store.meta("plan")).gpus) if logical else None,
             )
             options = dataclasses.replace(

@@ -401,7 +401,7 @@ class Scheduler:
             attempts = self.store.attempts(record.name)
             latest = attempts[-1] if attempts else None
             status = status_path_of(record.log_path) if record.log_path else ""
-            handle = self.launcher.adopt(record.pid, status) if (record.pid and self.launcher.resumable) else None
+            handle = self.launcher.adopt(record.pid, status) if (status and self.launcher.resumable) else None
             if handle is None:
                 if latest is not None:
                     self.store.end_attempt(

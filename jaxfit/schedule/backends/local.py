@@ -90,8 +90,9 @@ class Launcher(Protocol):
     def start(self, spec: LaunchSpec) -> Handle:
         """Start an attempt (raises ConfigError when its command cannot be started)."""
 
-    def adopt(self, pid: int, status_path: str) -> Handle | None:
-        """Re-attach to the attempt whose runner has ``pid``; None when it is gone."""
+    def adopt(self, pid: int | None, status_path: str) -> Handle | None:
+        """Re-attach to the attempt whose runner has ``pid`` (None: a runner on another machine,
+        which only a backend that keeps its attempts elsewhere can find); None when it is gone."""
 
     def close(self) -> None:
         """Release the backend."""
@@ -220,7 +221,9 @@ class LocalLauncher:
                 raise ConfigError(f"experiment {spec.name!r}: cannot start the runner: {e.strerror}") from None
         return LocalHandle(proc, spec.status_path)
 
-    def adopt(self, pid: int, status_path: str) -> AdoptedHandle | None:
+    def adopt(self, pid: int | None, status_path: str) -> AdoptedHandle | None:
+        if pid is None:
+            return None
         if read_status(status_path) is None and not _is_runner(pid, status_path):
             return None
         return AdoptedHandle(pid, status_path)

@@ -82,12 +82,12 @@ def _boot_id() -> str | None:
         return None
 
 
-def _first_line(error: BaseException) -> str:
-    """An exception's first non-empty line (Ray's errors carry pages of context)."""
+def _first_line(error: BaseException | str) -> str:
+    """An error's first non-empty line (Ray's errors carry pages of context)."""
     for line in str(error).splitlines():
         if line.strip():
             return line.strip()[:300]
-    return type(error).__name__
+    return error if isinstance(error, str) else type(error).__name__
 
 
 def _pid_path(status_path: str) -> str:
@@ -392,6 +392,86 @@ def _make_task_function() -> Callable[..., int | dict[str, Any]]:
     return jaxfit_attempt
 
 
+OWNER_NAMESPACE = "jaxfit"
+"""The Ray namespace of the schedules' owner actors."""
+
+
+def owner_name(state_dir: str) -> str:
+    """The name of the detached actor that owns a schedule's tasks on a cluster: one per state
+    folder of one scheduling machine, so that ``--resume`` there finds it again."""
+    import hashlib
+
+    where = f"{socket.gethostname()}:{os.path.realpath(state_dir)}"
+    return "jaxfit-schedule-" + hashlib.sha256(where.encode()).hexdigest()[:20]
+
+
+def _make_owner_class() -> type:
+    """The owner of a schedule's attempts on a Ray cluster: a detached actor that submits each
+    attempt's task and keeps its reference, so the attempts belong to it and not to the
+    scheduler's driver. When the scheduling machine dies, Ray keeps the actor and its tasks; the
+    next ``jaxfit schedule --resume`` finds it by name and adopts them. Pickled by value, like the
+    task."""
+
+    class JaxfitScheduleOwner:
+        def __init__(self, task: Callable[..., Any]) -> None:
+            import ray
+
+            self._task = ray.remote(task)
+            self._refs: dict[str, Any] = {}
+            self._outputs: dict[str, dict[str, str]] = {}
+
+        def start(self, key: str, options: dict[str, Any], args: list[Any], outputs: dict[str, str]) -> bool:
+            self._refs[key] = self._task.options(**options).remote(*args)
+            self._outputs[key] = outputs
+            return True
+
+        def outputs(self, key: str) -> dict[str, str] | None:
+            """Where the attempt's outputs land on the scheduling machine; None: not started here."""
+            return self._outputs.get(key) if key in self._refs else None
+
+        def poll(self, key: str) -> tuple[str, Any]:
+            """``("running", None)``, ``("ended", result)``, ``("task_error", line)``, ``("lost",
+            line)`` or ``("unknown", None)`` for a key this owner never started."""
+            import ray
+
+            ref = self._refs.get(key)
+            if ref is None:
+                return "unknown", None
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                return "running", None
+            try:
+                return "ended", ray.get(ref)
+            except ray.exceptions.RayTaskError as e:
+                return "task_error", str(e)
+            except ray.exceptions.RayError as e:
+                return "lost", str(e)
+
+        def cancel(self, key: str, force: bool) -> None:
+            import ray
+
+            ref = self._refs.get(key)
+            if ref is not None:
+                try:
+                    ray.cancel(ref, force=force)
+                except (ray.exceptions.RayError, ValueError):
+                    pass
+
+        def forget(self, key: str) -> None:
+            self._refs.pop(key, None)
+            self._outputs.pop(key, None)
+
+        def live(self) -> list[str]:
+            import ray
+
+            refs = list(self._refs.items())
+            ready, _ = ray.wait([r for _, r in refs], num_returns=len(refs), timeout=0) if refs else ([], [])
+            done = set(ready)
+            return [k for k, r in refs if r not in done]
+
+    return JaxfitScheduleOwner
+
+
 class RayHandle:
     """An attempt running as a Ray task.
 
@@ -403,16 +483,53 @@ class RayHandle:
     """
 
     def __init__(
-        self, ray: Any, ref: Any, status_path: str, log_path: str = "", outputs: Mapping[str, str] | None = None
+        self,
+        ray: Any,
+        ref: Any,
+        status_path: str,
+        log_path: str = "",
+        outputs: Mapping[str, str] | None = None,
+        owner: Any = None,
     ) -> None:
         self._ray = ray
         self.ref = ref
         self.status_path = status_path
         self.log_path = log_path
         self.outputs = dict(outputs or {})
+        self.owner = owner
+        """The schedule's owner actor that submitted the task (a cluster), keyed by ``status_path``;
+        None: the task is this process's own (``ref``)."""
         self.pid: int | None = None
         self._stop_signal: int | None = None
         self._code: int | None = None
+
+    def _outcome(self) -> tuple[str, Any] | None:
+        """None while the task runs, else ``("ended", result)``, ``("task_error", text)`` or
+        ``("lost", text)``."""
+        ray = self._ray
+        if self.owner is None:
+            ready, _ = ray.wait([self.ref], timeout=0)
+            if not ready:
+                return None
+            try:
+                return "ended", ray.get(self.ref)
+            except ray.exceptions.RayTaskError as e:  # the task's own code raised
+                return "task_error", _first_line(e)
+            except ray.exceptions.RayError as e:  # cancelled, or its worker or node died
+                return "lost", _first_line(e)
+        try:
+            kind, value = ray.get(self.owner.poll.remote(self.status_path), timeout=120)
+        except ray.exceptions.GetTimeoutError:
+            return None  # the owner is busy or far: ask again at the next poll
+        except ray.exceptions.RayError as e:
+            return "lost", f"the schedule's owner actor is gone: {_first_line(e)}"
+        if kind == "running":
+            return None
+        if kind == "unknown":
+            return "lost", "the schedule's owner actor does not know this attempt"
+        with contextlib.suppress(ray.exceptions.RayError):
+            self.owner.forget.remote(self.status_path)
+        return kind, value if kind == "ended" else _first_line(str(value))
 
     def _note(self, text: str) -> None:
         """Add a line to the attempt's log here (an attempt lost with another node brings none back)."""
@@ -445,22 +562,22 @@ class RayHandle:
         if self._code is not None:
             return self._code
         self._learn_pid()
-        ready, _ = self._ray.wait([self.ref], timeout=0)
-        if not ready:
+        outcome = self._outcome()
+        if outcome is None:
             return None
-        try:
-            result = self._ray.get(self.ref)
+        kind, result = outcome
+        if kind == "ended":
             if isinstance(result, dict):  # it ran on another node: keep what came back here
                 _land(result, self.log_path, self.status_path, self.outputs)
                 result = result["code"]
             code = int(result)
-        except self._ray.exceptions.RayTaskError as e:  # the task's own code raised
+        elif kind == "task_error":
             code = RAY_TASK_ERROR
-            self._note(f"its Ray task failed: {_first_line(e)}")
-        except self._ray.exceptions.RayError as e:
-            code = RAY_LOST  # cancelled, or its worker or node died
+            self._note(f"its Ray task failed: {result}")
+        else:
+            code = RAY_LOST
             if self._stop_signal is None:
-                self._note(f"this attempt was lost with its Ray worker or node: {_first_line(e)}")
+                self._note(f"this attempt was lost with its Ray worker or node: {result}")
         if code == RAY_LOST:
             if (
                 read_status(self.status_path) is None
@@ -483,8 +600,14 @@ class RayHandle:
         """
         if self._stop_signal is None:
             self._stop_signal = signal.SIGTERM
-        with contextlib.suppress(self._ray.exceptions.RayError):
-            self._ray.cancel(self.ref, force=False)
+        self._cancel(force=False)
+
+    def _cancel(self, force: bool) -> None:
+        with contextlib.suppress(self._ray.exceptions.RayError, ValueError):
+            if self.owner is not None:
+                self.owner.cancel.remote(self.status_path, force)
+            else:
+                self._ray.cancel(self.ref, force=force)
 
     def kill(self) -> None:
         """Stop the attempt now: SIGKILL to the runner's group (when on this host) and a forced cancel."""
@@ -492,8 +615,7 @@ class RayHandle:
         self._learn_pid()
         if self.pid is not None and _is_runner(self.pid, self.status_path):
             _signal_group(self.pid, signal.SIGKILL)
-        with contextlib.suppress(self._ray.exceptions.RayError, ValueError):
-            self._ray.cancel(self.ref, force=True)
+        self._cancel(force=True)
 
 
 class RayLauncher:
@@ -516,7 +638,6 @@ class RayLauncher:
     """
 
     name = "ray"
-    resumable = False
 
     def __init__(
         self,
@@ -544,6 +665,10 @@ class RayLauncher:
         # A local Ray started here is one node for good: nothing need travel (a pin's executable
         # can be gigabytes); a cluster may place an attempt on any node.
         self._one_node = self._owns_ray and address is None
+        # On a cluster, a detached actor per schedule owns the tasks: they outlive this driver,
+        # and `--resume` adopts them. A local Ray started here ends with this process anyway.
+        self.resumable = not self._one_node
+        self._owners: dict[str, Any] = {}
         self._guard_source = Path(GUARD).read_text()  # part of the package, like the runner
         try:
             self._runner_source = Path(RUNNER).read_text()
@@ -579,14 +704,15 @@ class RayLauncher:
             with contextlib.suppress(OSError):
                 os.unlink(stale)
         luggage = None if self._one_node else _luggage(spec, self._node)
-        ref = self._task.options(
-            num_gpus=num_gpus,
-            num_cpus=TASK_NUM_CPUS,
-            max_retries=0,
-            retry_exceptions=False,
-            name=f"jaxfit:{spec.name}#{spec.attempt}",
-            runtime_env=_RUNTIME_ENV,
-        ).remote(
+        options: dict[str, Any] = {
+            "num_gpus": num_gpus,
+            "num_cpus": TASK_NUM_CPUS,
+            "max_retries": 0,
+            "retry_exceptions": False,
+            "name": f"jaxfit:{spec.name}#{spec.attempt}",
+            "runtime_env": _RUNTIME_ENV,
+        }
+        args = [
             list(spec.command),
             dict(spec.env),
             spec.log_path,
@@ -599,18 +725,74 @@ class RayLauncher:
             "OMP_NUM_THREADS" in os.environ,
             luggage,
             spec.gpu_total_bytes,
-        )
+        ]
         outputs = {v: spec.env[v] for v in luggage["outputs"]} if luggage else {}
-        return RayHandle(self._ray, ref, spec.status_path, spec.log_path, outputs)
+        if not self.resumable:
+            ref = self._task.options(**options).remote(*args)
+            return RayHandle(self._ray, ref, spec.status_path, spec.log_path, outputs)
+        owner = self._owner(spec.status_path, create=True)
+        try:
+            self._ray.get(owner.start.remote(spec.status_path, options, args, outputs), timeout=300)
+        except self._ray.exceptions.RayError as e:
+            raise ConfigError(
+                f"the schedule's owner actor on the Ray cluster cannot start runs: {_first_line(e)}"
+            ) from None
+        return RayHandle(self._ray, None, spec.status_path, spec.log_path, outputs, owner=owner)
 
-    def adopt(self, pid: int, status_path: str) -> None:
-        """Ray attempts cannot be adopted (``resumable`` is False): always None."""
-        return None
+    def _owner(self, status_path: str, *, create: bool) -> Any:
+        """The owner actor of the schedule whose logs folder holds ``status_path`` (None when it
+        does not exist and ``create`` is False)."""
+        name = owner_name(os.path.dirname(os.path.dirname(os.path.abspath(status_path))))
+        if name in self._owners:
+            return self._owners[name]
+        ray = self._ray
+        try:
+            owner = ray.get_actor(name, namespace=OWNER_NAMESPACE)
+        except ValueError:
+            if not create:
+                return None
+            owner = (
+                ray.remote(_make_owner_class())
+                .options(
+                    name=name,
+                    namespace=OWNER_NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    num_cpus=0,
+                    max_concurrency=16,
+                    resources={"node:__internal_head__": 0.001},  # the cluster's own node, not a worker's
+                    runtime_env=_RUNTIME_ENV,
+                )
+                .remote(_make_task_function())
+            )
+        self._owners[name] = owner
+        return owner
+
+    def adopt(self, pid: int | None, status_path: str) -> RayHandle | None:
+        """The attempt the schedule's owner actor still holds for ``status_path`` (its task alive,
+        or ended while no scheduler was there); None on a local Ray or when the owner lost it."""
+        if not self.resumable:
+            return None
+        owner = self._owner(status_path, create=False)
+        if owner is None:
+            return None
+        try:
+            outputs = self._ray.get(owner.outputs.remote(status_path), timeout=120)
+        except self._ray.exceptions.RayError:
+            return None
+        if outputs is None:
+            return None
+        log_path = status_path.removesuffix(".status.json") + ".log"
+        return RayHandle(self._ray, None, status_path, log_path, outputs, owner=owner)
 
     def close(self) -> None:
         """Shut Ray down (or disconnect) if this launcher initialised it; idempotent."""
         if self._closed:
             return
         self._closed = True
+        for owner in self._owners.values():  # an owner with live attempts stays for --resume
+            with contextlib.suppress(self._ray.exceptions.RayError):
+                if not self._ray.get(owner.live.remote(), timeout=60):
+                    self._ray.kill(owner)
         if self._owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
