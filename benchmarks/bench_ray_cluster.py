@@ -4,8 +4,8 @@
 Issue 22's GPU check: a head node with no GPU (where the scheduler runs) and ``--nodes`` worker
 nodes of ``--gpus-per-node`` GPUs each, every node started by ``ray start`` with its own
 ``CUDA_VISIBLE_DEVICES`` slice and its own ``TMPDIR`` (so nothing is shared by accident but the
-machine itself). A queue of six real ``scripts/train.py`` runs, every one fitted and pinned
-(two FSDP-2 runs that take two GPUs each, four one-GPU runs), is scheduled across the cluster with
+machine itself). A queue of six real ``scripts/train.py`` runs (two FSDP-2 runs that take two GPUs
+each, fitted and pinned; four one-GPU runs at a given batch and fraction) is scheduled across the cluster with
 ``--ray-address``. Once ``--stop-after`` runs have started (and ``--stop-delay`` seconds more),
 the last worker node is killed (every process of it: its raylet, workers, and the runs it holds),
 as a node that dies; its runs must finish on the node that is left.
@@ -143,21 +143,21 @@ COMMON = ["--no-wandb-enabled", "--overwrite", "--save-interval=100000", "--log-
 def write_queue(out: Path) -> Path:
     import yaml
 
-    # (name, config, steps, batch, gpus): two pinned FSDP-2 runs and four pinned one-GPU runs,
-    # every one fitted (fraction auto). The two runs of one config compile the same program, so
-    # the second's fit reads the first's compiles from the cache.
+    # (name, config, steps, batch, fraction, gpus): two FSDP-2 runs fitted and pinned (fraction
+    # auto; the second's fit reads the first's compiles from the cache: the same program) and
+    # four one-GPU runs at a given batch and fraction (settings bench_schedule.py ran on an H100).
     runs = [
-        ("fsdp2-a", "gpt_small_bf16_remat", 600, 64, 2),
-        ("fsdp2-b", "gpt_small_bf16_remat", 400, 64, 2),
-        ("gpt-a", "gpt_small", 500, 16, 1),
-        ("gpt-b", "gpt_small", 300, 16, 1),
-        ("vit-a", "vit_small", 800, 64, 1),
-        ("vit-b", "vit_small", 500, 64, 1),
+        ("fsdp2-a", "gpt_small_bf16_remat", 200, 64, "auto", 2),
+        ("fsdp2-b", "gpt_small_bf16_remat", 150, 64, "auto", 2),
+        ("gpt-a", "gpt_small", 200, 8, 0.16, 1),
+        ("gpt-b", "gpt_small", 150, 8, 0.16, 1),
+        ("vit-a", "vit_small", 200, 64, 0.1, 1),
+        ("vit-b", "vit_small", 150, 64, 0.1, 1),
     ]
     if SMOKE:
-        runs = [(n, "debug" if c.startswith("gpt") else "debug_vit", 40, 8, g) for n, c, _, _, g in runs]
+        runs = [(n, "debug" if c.startswith("gpt") else "debug_vit", 40, 8, f, g) for n, c, _, _, f, g in runs]
     experiments = []
-    for name, config, steps, batch, gpus in runs:
+    for name, config, steps, batch, fraction, gpus in runs:
         command = [
             *TRAIN,
             config,
@@ -166,7 +166,7 @@ def write_queue(out: Path) -> Path:
             f"--checkpoint-base-dir=/tmp/jaxfit-bench-ck/{name}",
             *COMMON,
         ]
-        entry: dict = {"name": name, "command": command, "batch": batch, "fraction": "auto", "retries": 2}
+        entry: dict = {"name": name, "command": command, "batch": batch, "fraction": fraction, "retries": 2}
         if gpus > 1:
             entry["command"] = [*command, f"--fsdp-devices={gpus}"]
             entry["gpus"] = gpus
