@@ -515,8 +515,9 @@ def _next_settle_round(
 ) -> list[int]:
     """The expensive points to compile next for :func:`settle`, or ``[]`` once proved."""
     narrowed = gap_prior(known, cheap, budget) if cheap and budget else None
-    if narrowed is not None:  # the two curves part: trust only cheap points beyond the gap
-        prior = narrowed
+    if narrowed is not None:  # the two curves part: trust only cheap points beyond the gap,
+        prior = narrowed  # and step by the expensive points' own secant, not the cheap slope
+        slope = None
     merged = {**prior, **known}
     outcome = settled(grid, merged)
     if outcome is not None:
