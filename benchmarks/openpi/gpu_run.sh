@@ -58,6 +58,7 @@ ANSWER=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["batch_
 if [ -z "$ANSWER" ]; then echo "== no fitted answer in $TAG-run.json: no next batch up to run"; exit "$RC"; fi
 UP=$((ANSWER + MULTIPLE))
 LEFT=$((BUDGET_S - ($(date +%s) - START)))
+if [ "$LEFT" -lt 60 ]; then echo "== only ${LEFT} s left of BUDGET_S: the next batch up ($UP) is not run"; exit "$RC"; fi
 echo "== $(date -u +%T) jaxfit run --batch-size $UP (plain, the answer $ANSWER + $MULTIPLE; ${LEFT} s left)"
 timeout --signal=TERM --kill-after=20 "$LEFT" \
   python3 -m jaxfit.cli run --batch-size "$UP" --mem-fraction "$FRACTION" --device-memory "$CARD" "${GPU_ARGS[@]}" \
