@@ -308,3 +308,15 @@ def test_config_half_imports_without_jax() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_examples_are_found_in_the_checkout_when_jaxfit_is_not_installed(monkeypatch):
+    """Run from a source tree on PYTHONPATH (a GPU machine with only the checkout), there is no
+    ``jaxfit.configs`` package: the checkout's ``configs/`` folder holds the examples. A schedule's
+    calibration died there with a traceback (ModuleNotFoundError) before this."""
+    from jaxfit.examples import configs
+
+    installed = configs.list_examples()
+    monkeypatch.setattr(configs, "EXAMPLES_PACKAGE", "jaxfit.not_installed_configs")
+    assert configs.list_examples() == installed and "mlp-tiny" in installed
+    assert type(configs.load_config("mlp-tiny")).__name__ == "MLPConfig"

@@ -334,8 +334,18 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
 
 
 def _example_files() -> dict[str, Any]:
-    """``name -> resource`` of every ``<name>.yaml`` in the examples package (examples or not)."""
-    root = importlib.resources.files(EXAMPLES_PACKAGE)
+    """``name -> resource`` of every ``<name>.yaml`` in the examples package (examples or not): the
+    installed ``jaxfit.configs``, or the checkout's ``configs/`` when jaxfit runs from its source
+    tree without being installed (``PYTHONPATH=.``, as on a machine that only has the checkout)."""
+    try:
+        root: Any = importlib.resources.files(EXAMPLES_PACKAGE)
+    except ModuleNotFoundError:
+        root = Path(__file__).resolve().parents[2] / "configs"
+        if not root.is_dir():
+            raise ConfigError(
+                f"jaxfit's example configs are missing: no {EXAMPLES_PACKAGE} package and no {root}; "
+                "reinstall jaxfit (pip install jaxfit)"
+            ) from None
     return {
         entry.name[: -len(".yaml")]: entry
         for entry in root.iterdir()
