@@ -274,3 +274,20 @@ def test_gpu_flow_nothing_fits_is_proved_tuned(monkeypatch):
     options = jaxfit.FitOptions(mem_fraction=0.5, use_cache=False)
     with pytest.raises(jaxfit.DoesNotFitError, match=r"not even batch 1 fits"):
         jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
+
+
+def test_gpu_flow_finds_the_smallest_fraction_on_compiles_under_each_fraction(monkeypatch):
+    """The GPU flow of ``fit_fraction`` (a child per fraction, aimed then bisecting) on real CPU
+    compiles that pretend to be an 8 MiB GPU: the answer is the smallest hundredth whose limit holds
+    the peak, which the CPU compiler does not change with the limit."""
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
+    events: list[tuple[str, dict]] = []
+    options = jaxfit.FitOptions(use_cache=False)
+    result = jaxfit.fit_fraction(
+        jaxfit.example_source("mlp-tiny"), 64, options, progress=lambda e, d: events.append((e, d))
+    )
+    peak = peak_in_process("mlp-tiny", 64)
+    assert result.device["limit_sensitive"] and result.peak_bytes == peak
+    smallest = next(u for u in range(1, 101) if peak <= int(8 * MiB * u / 100))
+    assert round(result.mem_fraction * 100) == smallest
+    assert result.rounds == len([e for e, _ in events if e == "round"]) <= 4

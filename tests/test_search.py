@@ -340,3 +340,45 @@ def test_the_measured_fsdp4_proof_of_pi0_takes_five_autotuned_rounds_not_seven()
     cheap, proved, rounds = _two_phase(untuned, tuned, 72 * GiB, Grid(512, 1024, 4))
     assert (cheap.answer, proved.answer) == (864, 732)
     assert len([r for r in rounds if r[0] == "tuned"]) <= 5
+
+
+FSDP2_FRACTION_PEAKS_GIB = {5: 16.33, 10: 14.26, 16: 12.97, 17: 13.53, 21: 12.80, 22: 12.83, 26: 13.71, 30: 11.81,
+                            42: 13.71, 55: 13.86, 100: 12.80}  # fmt: skip
+"""gpt-small bf16 remat, batch 64, FSDP over two H100s: the autotuned peak under each fraction
+(hundredths of 79.18 GiB) measured by the fraction search (benchmarks/results/h100x4/ray/call2)."""
+
+
+def _replay_fraction(peak_gib, estimate: int, lowest: int = 1):
+    from jaxfit.fit.fraction import search_fraction
+
+    total = 79.18 * GiB
+    compiled: dict[int, int] = {}
+    rounds: list[list[int]] = []
+
+    def evaluate(xs):
+        rounds.append(sorted(-x for x in xs))
+        out = {}
+        for x in xs:
+            compiled[-x] = int(peak_gib(-x) * GiB)
+            out[x] = compiled[-x] - total * -x / 100
+        return out
+
+    found = search_fraction(evaluate, lambda: dict(compiled), estimate, lowest, int(total), 0)
+    return -found.answer, rounds
+
+
+def test_the_fraction_search_aims_where_the_peaks_say_instead_of_bisecting():
+    """The untuned whole-device compile said 0.10; the autotuned peak under 0.10 was 14.26 GiB, which
+    is 0.18 of the GPU. Aimed there, the search settles in 3 rounds after the first; bisecting
+    between 0.16 and 1.00 it had spent 5 and was not done (the points not measured on the GPU are
+    taken as 13.6 GiB, what the measured ones near them peaked at)."""
+    answer, rounds = _replay_fraction(lambda u: FSDP2_FRACTION_PEAKS_GIB.get(u, 13.6), estimate=10)
+    assert answer == 18  # 17: 13.53 GiB > 13.46; 18: 13.6 <= 14.25
+    assert len(rounds) <= 3 and rounds[1] == [18, 19, 20]
+
+
+def test_the_aimed_fraction_search_still_finds_the_smallest_fraction_of_a_smooth_curve():
+    for peak in (lambda u: 20.0, lambda u: 20.0 + 0.05 * u, lambda u: 30.0 - 0.1 * u):
+        answer, _ = _replay_fraction(peak, estimate=10)
+        fits = [u for u in range(1, 101) if peak(u) <= 79.18 * u / 100]
+        assert answer == min(fits)
