@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_for_code
-from test_execute import _env, _fake, _queue
+from test_execute import FAKE, _env, _fake, _queue
 
 from jaxfit.fit.command import PROBE_DIR
 from jaxfit.schedule.backends.local import LaunchSpec, read_status
@@ -238,14 +238,19 @@ def test_a_run_planned_for_another_gpu_size_is_not_started_on_this_one(cluster, 
 
 
 def _process_with(needle: bytes, timeout: float = 90) -> Path | None:
-    """The /proc entry of a live process whose command line holds ``needle``."""
+    """The /proc entry of the live fake training command whose arguments hold ``needle`` (not the
+    runner or guard that start it, whose command lines hold its arguments too: the guard's first
+    process exits as soon as it has forked)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for entry in Path("/proc").iterdir():
             try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
                 if (
                     entry.name.isdigit()
-                    and needle in (entry / "cmdline").read_bytes()
+                    and len(argv) > 2
+                    and argv[1] == str(FAKE).encode()
+                    and needle in argv
                     and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
                 ):
                     return entry
@@ -363,17 +368,7 @@ def test_a_schedule_starts_a_run_lost_with_its_node_again_without_spending_a_ret
             cwd=tmp_path, env=_env(tmp_path / "out"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
-            command = None
-            deadline = time.monotonic() + 90
-            while command is None and time.monotonic() < deadline:
-                for entry in Path("/proc").iterdir():
-                    try:
-                        if entry.name.isdigit() and b"--exp-name=far" in (entry / "cmdline").read_bytes():
-                            command = entry
-                            break
-                    except OSError:
-                        continue
-                time.sleep(0.2)
+            command = _process_with(b"--exp-name=far")
             assert command is not None, "the run never started"
             node_env = next(e for e in (command / "environ").read_bytes().split(b"\0") if e.startswith(b"TMPDIR="))
             raylets = [
@@ -398,3 +393,41 @@ def test_a_schedule_starts_a_run_lost_with_its_node_again_without_spending_a_ret
         assert "this attempt ran on Ray node" in logs[1].read_text()
     finally:
         shutil.rmtree(joined, ignore_errors=True)
+
+
+def test_a_node_that_joins_mid_queue_gets_work(cluster, tmp_path):
+    """The plan is for one GPU (three runs of 0.6 of it: one at a time on one machine), and the
+    cluster has one worker GPU left. A node with a GPU joins while the first run is going: the
+    scheduler counts the cluster's GPUs, not the plan's, so a second run starts there before the
+    first ends, and the third after."""
+    alive = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+    assert sum(n["Resources"]["GPU"] for n in alive) == 1, "the tests before leave one worker GPU"
+    out = {"FAKE_TRAIN_OUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
+    _queue(tmp_path, [_fake(n, "--sleep=15", fraction=0.6, env=out) for n in ("one", "two", "three")])
+    schedule = subprocess.Popen(
+        [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", "--gpus", "1", "--device-memory", "8GiB",
+         "--grace", "2", "--monitor-interval", "0.2", "--backend", "ray", "--ray-address", cluster["address"],
+         "--json", "result.json"],
+        cwd=tmp_path, env=_env(tmp_path / "out"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    joined = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+    try:
+        assert _process_with(b"--exp-name=one") is not None, "the first run never started"
+        subprocess.run(
+            [ray_cli, "start", f"--address={cluster['address']}", "--num-gpus=1", "--num-cpus=1",
+             "--disable-usage-stats"],
+            env=dict(os.environ, TMPDIR=joined, **{MARK: cluster["mark"]}),
+            check=True, capture_output=True, timeout=180,
+        )  # fmt: skip
+        output, _ = schedule.communicate(timeout=240)
+    finally:
+        if schedule.poll() is None:
+            schedule.kill()
+            schedule.wait()
+        shutil.rmtree(joined, ignore_errors=True)
+    assert schedule.returncode == 0, output
+    runs = {e["name"]: e for e in json.loads((tmp_path / "result.json").read_text())["experiments"]}
+    assert {n: r["state"] for n, r in runs.items()} == {"one": "done", "two": "done", "three": "done"}
+    assert runs["two"]["started_at"] < runs["one"]["ended_at"], "the joined node got no work"
+    assert "on the Ray cluster" in output

@@ -142,6 +142,7 @@ class Scheduler:
         self.stopping_since: dict[str, float] = {}
         self.timed_out: set[str] = set()
         self.stop_signal: int | None = None
+        self._waiting_for: tuple[str, float] | None = None
 
     # -- reporting --------------------------------------------------------------------------------
 
@@ -247,16 +248,54 @@ class Scheduler:
             reason=None,
         )
         accum = f" x {record.grad_accum_steps} accumulation" if record.grad_accum_steps > 1 else ""
+        where = (
+            "on the Ray cluster"
+            if self.launcher.cluster_gpus() is not None
+            else f"on GPU {','.join(map(str, self._gpus(record)))}"
+        )
         self._event(
             "started",
             record.name,
-            f"attempt {attempt} on GPU {','.join(map(str, self._gpus(record)))} at fraction "
+            f"attempt {attempt} {where} at fraction "
             f"{record.mem_fraction:.2f}, batch "
             f"{record.batch_size}{accum}; log {spec.log_path}",
         )
 
+    def _cluster_share(self, record: ExperimentRecord) -> float:
+        """The GPUs a run takes of a Ray cluster as Ray counts them: its share of one GPU, or whole
+        GPUs for a run on several (Ray has no fraction of several GPUs)."""
+        gpus = self._gpus(record)
+        return float(len(gpus)) if len(gpus) > 1 else min(1.0, record.need_bytes / self.totals[record.gpu])
+
+    def _admit_to_cluster(self, records: Sequence[ExperimentRecord], cluster_gpus: float) -> None:
+        """On a Ray cluster Ray places each attempt on any node, and packs each GPU by the shares:
+        start pending runs in plan order while what they take fits the cluster's GPUs now (a node
+        that joins adds its GPUs, one that dies takes them away). The first run that does not fit
+        holds back the ones after it, as an earlier wave does on one machine."""
+        live = sum(self._cluster_share(r) for r in records if r.state == RunState.RUNNING)
+        for r in records:
+            if r.state != RunState.PENDING:
+                continue
+            need = self._cluster_share(r)
+            if live + need > cluster_gpus + 1e-9:
+                if live == 0 and self._waiting_for != (r.name, cluster_gpus):
+                    self._waiting_for = (r.name, cluster_gpus)
+                    self._event(
+                        "waiting",
+                        r.name,
+                        f"takes {need:.2f} of a GPU and the Ray cluster has {cluster_gpus:g} GPUs; "
+                        "waiting for a node with GPUs to join",
+                    )
+                return
+            self._start(r)
+            live += need
+
     def _admit(self, records: Sequence[ExperimentRecord]) -> None:
         """Start every pending run whose turn has come and whose need fits its GPU now."""
+        cluster_gpus = self.launcher.cluster_gpus()
+        if cluster_gpus is not None:
+            self._admit_to_cluster(records, cluster_gpus)
+            return
         live: dict[int, int] = {}
         for r in records:
             if r.state == RunState.RUNNING:

@@ -94,6 +94,10 @@ class Launcher(Protocol):
         """Re-attach to the attempt whose runner has ``pid`` (None: a runner on another machine,
         which only a backend that keeps its attempts elsewhere can find); None when it is gone."""
 
+    def cluster_gpus(self) -> float | None:
+        """The GPUs of the cluster the attempts run on, now (a node that joined or died changes
+        it), when the backend places attempts itself; None: the plan's GPUs are the machine's."""
+
     def close(self) -> None:
         """Release the backend."""
 
@@ -199,6 +203,10 @@ class LocalLauncher:
 
     name = "local"
     resumable = True
+
+    def cluster_gpus(self) -> float | None:
+        """None: attempts run on the plan's GPUs of this machine."""
+        return None
 
     def start(self, spec: LaunchSpec) -> LocalHandle:
         env = dict(os.environ)

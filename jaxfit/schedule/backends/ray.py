@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ TASK_NUM_CPUS = 0
 RAY_LOST = LOST_WITH_NODE
 """The exit code of an attempt whose Ray task was lost (its worker or node died, or it was
 cancelled) before the runner recorded one."""
+
+CLUSTER_REFRESH_S = 5.0
+"""Seconds between two readings of the cluster's GPUs (:meth:`RayLauncher.cluster_gpus`)."""
 
 RAY_TASK_ERROR = -1002
 """The exit code of an attempt whose Ray task itself raised (a bug or a broken node environment,
@@ -669,6 +673,7 @@ class RayLauncher:
         # and `--resume` adopts them. A local Ray started here ends with this process anyway.
         self.resumable = not self._one_node
         self._owners: dict[str, Any] = {}
+        self._gpus_seen: tuple[float, float] | None = None
         self._guard_source = Path(GUARD).read_text()  # part of the package, like the runner
         try:
             self._runner_source = Path(RUNNER).read_text()
@@ -767,6 +772,20 @@ class RayLauncher:
             )
         self._owners[name] = owner
         return owner
+
+    def cluster_gpus(self) -> float | None:
+        """The GPUs of the cluster's live nodes (Ray's logical ``GPU`` resource), read at most
+        every :data:`CLUSTER_REFRESH_S`; None on a local Ray started here (the plan's GPUs)."""
+        if self._one_node:
+            return None
+        now = time.monotonic()
+        if self._gpus_seen is None or now - self._gpus_seen[0] > CLUSTER_REFRESH_S:
+            try:
+                gpus = float(self._ray.cluster_resources().get("GPU", 0.0))
+            except Exception:  # the GCS is briefly away: keep the last reading
+                return self._gpus_seen[1] if self._gpus_seen else None
+            self._gpus_seen = (now, gpus)
+        return self._gpus_seen[1]
 
     def adopt(self, pid: int | None, status_path: str) -> RayHandle | None:
         """The attempt the schedule's owner actor still holds for ``status_path`` (its task alive,
