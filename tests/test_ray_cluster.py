@@ -237,6 +237,17 @@ def test_a_run_planned_for_another_gpu_size_is_not_started_on_this_one(cluster, 
     assert "trained" in Path(right.log_path).read_text()
 
 
+def _join(cluster: dict, node_tmp: str) -> None:
+    """``ray start --address`` of one more worker node with one logical GPU and its own TMPDIR,
+    marked as the cluster's so that the fixture stops it too."""
+    subprocess.run(
+        [str(Path(sys.executable).parent / "ray"), "start", f"--address={cluster['address']}", "--num-gpus=1",
+         "--num-cpus=1", "--disable-usage-stats"],
+        env=dict(os.environ, TMPDIR=node_tmp, **{MARK: cluster["mark"]}),
+        check=True, capture_output=True, timeout=180,
+    )  # fmt: skip
+
+
 def _process_with(needle: bytes, timeout: float = 90) -> Path | None:
     """The /proc entry of the live fake training command whose arguments hold ``needle`` (not the
     runner or guard that start it, whose command lines hold its arguments too: the guard's first
@@ -350,15 +361,9 @@ def test_a_schedule_starts_a_run_lost_with_its_node_again_without_spending_a_ret
     """A node joins; the run lands on one of the two worker nodes, and that node dies mid-run. The
     run has no retries (`retries: 0`), so only a loss that spends none lets it finish: on the node
     that remains, with the lost attempt's log saying what happened (its node brought nothing back)."""
-    ray_cli = str(Path(sys.executable).parent / "ray")
     joined = tempfile.mkdtemp(prefix="rn", dir="/tmp")
     try:
-        subprocess.run(
-            [ray_cli, "start", f"--address={cluster['address']}", "--num-gpus=1", "--num-cpus=1",
-             "--disable-usage-stats"],
-            env=dict(os.environ, TMPDIR=joined, **{MARK: cluster["mark"]}),
-            check=True, capture_output=True, timeout=180,
-        )  # fmt: skip
+        _join(cluster, joined)
         out = {"FAKE_TRAIN_OUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
         _queue(tmp_path, [_fake("far", "--sleep=10", fraction=0.6, env=out, retries=0)], gpus=2)
         schedule = subprocess.Popen(
@@ -410,16 +415,10 @@ def test_a_node_that_joins_mid_queue_gets_work(cluster, tmp_path):
          "--json", "result.json"],
         cwd=tmp_path, env=_env(tmp_path / "out"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    ray_cli = str(Path(sys.executable).parent / "ray")
     joined = tempfile.mkdtemp(prefix="rn", dir="/tmp")
     try:
         assert _process_with(b"--exp-name=one") is not None, "the first run never started"
-        subprocess.run(
-            [ray_cli, "start", f"--address={cluster['address']}", "--num-gpus=1", "--num-cpus=1",
-             "--disable-usage-stats"],
-            env=dict(os.environ, TMPDIR=joined, **{MARK: cluster["mark"]}),
-            check=True, capture_output=True, timeout=180,
-        )  # fmt: skip
+        _join(cluster, joined)
         output, _ = schedule.communicate(timeout=240)
     finally:
         if schedule.poll() is None:
