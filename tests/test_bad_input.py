@@ -72,6 +72,25 @@ TRAIN = str(REPO / "scripts" / "train.py")
             ["fit", "--json", "missing-folder/fit.json"],
             "--json missing-folder/fit.json: folder missing-folder does not",
         ),
+        (  # Ray retries an address where nothing listens for minutes; jaxfit says so before any fit
+            [
+                "schedule",
+                str(REPO / "configs" / "queue-debug.yaml"),
+                "--backend",
+                "ray",
+                "--ray-address",
+                "127.0.0.1:1",
+                "--gpus",
+                "1",
+                "--device-memory",
+                "8GiB",
+            ],
+            "cannot connect to the Ray cluster at '127.0.0.1:1': nothing answers there",
+        ),
+        (
+            ["schedule", str(REPO / "configs" / "queue-debug.yaml"), "--plan-on-cluster", "--dry-run"],
+            "--plan-on-cluster plans on a node of a Ray cluster; add --backend ray --ray-address ADDRESS",
+        ),
     ],
 )
 def test_bad_input_is_one_line(run_cli, args, message):

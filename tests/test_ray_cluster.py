@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import wait_for_code
 from test_execute import FAKE, _env, _fake, _queue
 
@@ -430,3 +431,42 @@ def test_a_node_that_joins_mid_queue_gets_work(cluster, tmp_path):
     assert {n: r["state"] for n, r in runs.items()} == {"one": "done", "two": "done", "three": "done"}
     assert runs["two"]["started_at"] < runs["one"]["ended_at"], "the joined node got no work"
     assert "on the Ray cluster" in output
+
+
+def test_a_queue_is_planned_on_a_node_of_the_cluster(cluster, tmp_path):
+    """``--plan-on-cluster``: the dry run that probes and fits the queue runs as a Ray task on a
+    worker node (the scheduler's node here has no GPU), and the plan and its proven program come
+    back: the run trains pinned to the program the node's fit proved."""
+    train = str(Path(__file__).resolve().parents[1] / "scripts" / "train.py")
+    queue = {
+        "reserve": 0,
+        "process_overhead": 0,
+        "experiments": [
+            {
+                "name": "planned-far",
+                "command": [sys.executable, train, "debug", "--exp-name=planned-far", "--num-train-steps=2",
+                            "--overwrite", f"--checkpoint-base-dir={tmp_path / 'ck'}"],
+                "batch": 4,
+                "fraction": "auto",
+                "env": {"WANDB_MODE": "disabled"},
+            }
+        ],
+    }  # fmt: skip
+    (tmp_path / "queue.yaml").write_text(yaml.safe_dump(queue))
+    plans_before = set(Path(tempfile.gettempdir()).glob("jaxfit-cluster-plan-*"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", "--gpus", "1", "--device-memory", "4GiB",
+         "--grace", "2", "--monitor-interval", "0.2", "--backend", "ray", "--ray-address", cluster["address"],
+         "--plan-on-cluster", "--json", "result.json", f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}"],
+        cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path / "out"), timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    planned_on = re.search(r"planned on \S+ \(Ray node (\w+)\)", proc.stdout)
+    assert planned_on, proc.stdout[-2000:]
+    workers = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+    assert any(w.startswith(planned_on.group(1)) for w in workers)  # not the scheduler's node
+    run = json.loads((tmp_path / "result.json").read_text())["experiments"][0]
+    assert run["state"] == "done" and run["program_pinned"] is True and 0 < run["mem_fraction"] < 1
+    assert (
+        set(Path(tempfile.gettempdir()).glob("jaxfit-cluster-plan-*")) <= plans_before
+    )  # its pins were copied, then removed

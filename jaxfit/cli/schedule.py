@@ -34,6 +34,7 @@ def schedule_command(
     monitor_interval: float = 2.0,
     wandb_group: str | None = None,
     plan: str | None = None,
+    plan_on_cluster: bool = False,
     probe_args: Annotated[tuple[str, ...], tyro.conf.arg(name="probe-arg"), tyro.conf.UseAppendAction] = (),
 ) -> int:
     """Run a queue of training runs side by side on GPUs, each with the batch and fraction its measured need gives.
@@ -65,6 +66,7 @@ def schedule_command(
         monitor_interval: Seconds between memory samples of the live runs (0: no monitor).
         wandb_group: The WandB group of all runs (default: <queue name>-<start time>).
         plan: Run the plan that `--dry-run --json PATH` wrote for this queue and these GPUs, without fitting again.
+        plan_on_cluster: With --backend ray --ray-address: plan on a node of the cluster with GPUs (one Ray task runs the dry run there and brings the plan and its proven programs back), for a scheduling machine without the cluster's GPUs (a KubeRay head). The node needs jaxfit and the commands' programs.
         probe_args: An argument added to every command only while probing; repeatable (e.g. --probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe).
     """
     parsed()
@@ -84,6 +86,10 @@ def schedule_command(
         raise JaxfitError("--dry-run and --resume exclude each other; --dry-run plans a new schedule")
     if plan and (dry_run or resume):
         raise JaxfitError("--plan runs a stored plan; it goes with neither --dry-run nor --resume")
+    if plan_on_cluster and (backend != "ray" or not ray_address):
+        raise JaxfitError("--plan-on-cluster plans on a node of a Ray cluster; add --backend ray --ray-address ADDRESS")
+    if plan_on_cluster and (plan or resume):
+        raise JaxfitError("--plan-on-cluster makes a new plan; it goes with neither --plan nor --resume")
     for value, flag in ((grace, "--grace"), (monitor_interval, "--monitor-interval")):
         if not value >= 0:
             raise JaxfitError(f"{flag} {value} must be >= 0 seconds")
@@ -111,6 +117,33 @@ def schedule_command(
         return _schedule_outcome(out, outcome, json)
     loaded = load_queue(queue)
     size = device_memory
+    if plan_on_cluster:
+        return _plan_on_cluster_and_run(
+            loaded,
+            ray_address or "",
+            arguments=[
+                f"--max-batch={max_batch}",
+                *[f"--probe-arg={a}" for a in probe_args],
+                *(["--gpus", str(gpus)] if gpus is not None else []),
+                *(["--device-memory", str(size)] if size is not None else []),
+            ],
+            logical=size is not None,
+            dry_run=dry_run,
+            json_path=json,
+            out=out,
+            start=dict(
+                state_dir=folder,
+                backend=backend,
+                console=out,
+                options_base=FitOptions(max_batch=max_batch),
+                progress=progress,
+                probe_args=list(probe_args),
+                execute_options=execute_options,
+                ray_address=ray_address,
+                quiet=quiet,
+                timeline_path=Path(timeline) if timeline else None,
+            ),
+        )
     loaded, targets, on_device = target_gpus(
         loaded, gpus=gpus, device_memory_bytes=size, dry_run=dry_run, note=lambda text: out.print(text, highlight=False)
     )
@@ -192,6 +225,44 @@ def calibrate_command(json: str | None = None, cache: bool = True) -> int:
         f"{result.jax_version})"
     )
     return 0
+
+
+def _plan_on_cluster_and_run(
+    queue: Any,
+    ray_address: str,
+    *,
+    arguments: list[str],
+    logical: bool,
+    dry_run: bool,
+    json_path: str | None,
+    out: Console,
+    start: dict[str, Any],
+) -> int:
+    """``--plan-on-cluster``: the plan made on a node of the cluster, printed (``--dry-run``) or run."""
+    import os
+    import shutil
+
+    from jaxfit.files import write_json
+    from jaxfit.schedule.cluster_plan import plan_on_cluster
+    from jaxfit.schedule.flow import start_schedule
+    from jaxfit.schedule.planner import gpu_lines, load_plan, schedule_dict, schedule_table
+
+    plan_path, targets = plan_on_cluster(
+        queue, ray_address, arguments=arguments, note=lambda text: out.print(text, highlight=False)
+    )
+    if dry_run:
+        runs, planned = load_plan(plan_path, queue)
+        if json_path:
+            write_json(json_path, schedule_dict(runs, planned))
+        out.print(schedule_table(runs, planned))
+        for line in gpu_lines(planned):
+            out.print(line, highlight=False)
+        return 0
+    try:
+        outcome = start_schedule(queue, targets, logical=logical, plan_path=plan_path, **start)
+    finally:  # the state folder keeps its own copies of the pins
+        shutil.rmtree(os.path.dirname(plan_path), ignore_errors=True)
+    return _schedule_outcome(out, outcome, json_path)
 
 
 def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:

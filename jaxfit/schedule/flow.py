@@ -283,6 +283,12 @@ def start_schedule(
     """
     ensure_no_schedule(state_dir)  # refuse before spending minutes on fits
     check_commands(queue)
+    if backend == "ray":  # ray missing or a cluster that does not answer: say so before the fits
+        from jaxfit.schedule.backends.ray import _import_ray, check_reachable
+
+        _import_ray()
+        if ray_address is not None:
+            check_reachable(ray_address)
     if plan_path is not None:
         runs, plan = load_plan(plan_path, queue)
         if sorted((g.index, g.total_bytes) for g in plan.gpus) != sorted((g.index, g.total_bytes) for g in gpus):

@@ -86,6 +86,25 @@ def _boot_id() -> str | None:
         return None
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A one-line ConfigError when nothing answers at a cluster address of the form ``host:port``
+    or ``ray://host:port`` (Ray itself retries an unreachable address for minutes). ``auto`` and
+    other forms are left to Ray."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+    raise ConfigError(
+        f"cannot connect to the Ray cluster at {address!r}: nothing answers there ({why}); start it with "
+        "`ray start --head` or give the address `ray start --head` printed"
+    )
+
+
 def _first_line(error: BaseException | str) -> str:
     """An error's first non-empty line (Ray's errors carry pages of context)."""
     for line in str(error).splitlines():
@@ -685,6 +704,7 @@ class RayLauncher:
         if address is None:  # "local": a new Ray, whatever RAY_ADDRESS or a `ray start` left behind says
             kwargs.update(address="local", num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False)
         else:
+            check_reachable(address)
             kwargs["address"] = address
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGTERM) if in_main else None
