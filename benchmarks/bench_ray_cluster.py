@@ -222,6 +222,9 @@ def main() -> int:
     parser.add_argument("--stop-after", type=int, default=4, help="kill the last node once this many runs started")
     parser.add_argument("--stop-delay", type=float, default=20.0, help="seconds after that before the kill")
     parser.add_argument("--budget", type=float, default=540.0, help="stop the schedule after this many seconds")
+    parser.add_argument(
+        "--plan-on-cluster", action="store_true", help="plan on a worker node (jaxfit schedule --plan-on-cluster)"
+    )
     args = parser.parse_args()
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -250,6 +253,7 @@ def main() -> int:
             "--state-dir", str(out / "state"), "--json", str(out / "schedule.json"),
             "--monitor-interval", "1", "--max-batch", "256",
             "--probe-arg=--checkpoint-base-dir=/tmp/jaxfit-bench-probe",
+            *(["--plan-on-cluster"] if args.plan_on_cluster else []),
         ]  # fmt: skip
         env = dict(
             os.environ,
