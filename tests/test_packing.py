@@ -429,3 +429,14 @@ def test_a_run_wanting_more_gpus_than_the_plan_has_is_rejected() -> None:
         plan([Need("big", 40 * GiB, gpus=2)], [GPU(0, RTX_96), GPU(1, 24 * GiB)])
     with pytest.raises(ConfigError, match="gpus=0 must be at least 1"):
         Need("x", GiB, gpus=0)
+
+
+def test_cluster_admission_counts_gpus_as_ray_does():
+    """Shares are placed per GPU, not summed: two runs of 0.6 need two GPUs, a run on two GPUs takes
+    two whole ones (Ray has no fraction of several GPUs)."""
+    from jaxfit.schedule.scheduler import fits_gpus
+
+    assert fits_gpus([0.6, 0.6], 2) and not fits_gpus([0.6, 0.6, 0.6], 2)
+    assert fits_gpus([0.5, 0.5, 0.4, 0.6], 2) and not fits_gpus([0.5, 0.5, 0.4, 0.7], 2)
+    assert fits_gpus([2.0, 0.3], 3) and not fits_gpus([2.0, 0.3, 0.8], 3) and not fits_gpus([2.0], 1)
+    assert not fits_gpus([0.1], 0) and fits_gpus([], 0)

@@ -8,6 +8,7 @@ The design, at length: docs/design.md, "The scheduler loop".
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import sqlite3
@@ -68,6 +69,26 @@ class ExecuteOptions:
     monitor_interval: float = 2.0
     wandb_group: str | None = None
     cwd: str | None = None
+
+
+def fits_gpus(shares: Sequence[float], gpus: int) -> bool:
+    """Whether runs taking ``shares`` (a fraction of one GPU each, or a whole number of GPUs of
+    their own for a run on several) fit ``gpus`` GPUs, placed largest first, each on the first GPU
+    with room: the GPUs count as Ray counts them, so two runs of 0.6 do not share one."""
+    free = [1.0] * max(0, gpus)
+    for share in sorted(shares, reverse=True):
+        if share > 1:  # whole GPUs, untouched by any other run
+            whole = [i for i, room in enumerate(free) if room >= 1 - 1e-9][: math.ceil(share - 1e-9)]
+            if len(whole) < math.ceil(share - 1e-9):
+                return False
+            for i in whole:
+                free[i] = 0.0
+            continue
+        spot = next((i for i, room in enumerate(free) if room + 1e-9 >= share), None)
+        if spot is None:
+            return False
+        free[spot] -= share
+    return True
 
 
 def ran_out_of_memory(log_path: str | None, tail_bytes: int = 256 * 1024) -> bool:
@@ -272,13 +293,13 @@ class Scheduler:
         start pending runs in plan order while what they take fits the cluster's GPUs now (a node
         that joins adds its GPUs, one that dies takes them away). The first run that does not fit
         holds back the ones after it, as an earlier wave does on one machine."""
-        live = sum(self._cluster_share(r) for r in records if r.state == RunState.RUNNING)
+        live = [self._cluster_share(r) for r in records if r.state == RunState.RUNNING]
         for r in records:
             if r.state != RunState.PENDING:
                 continue
             need = self._cluster_share(r)
-            if live + need > cluster_gpus + 1e-9:
-                if live == 0 and self._waiting_for != (r.name, cluster_gpus):
+            if not fits_gpus([*live, need], int(cluster_gpus + 1e-9)):
+                if not live and self._waiting_for != (r.name, cluster_gpus):
                     self._waiting_for = (r.name, cluster_gpus)
                     self._event(
                         "waiting",
@@ -288,7 +309,7 @@ class Scheduler:
                     )
                 return
             self._start(r)
-            live += need
+            live.append(need)
 
     def _admit(self, records: Sequence[ExperimentRecord]) -> None:
         """Start every pending run whose turn has come and whose need fits its GPU now."""

@@ -541,7 +541,7 @@ class RayHandle:
             except ray.exceptions.RayError as e:  # cancelled, or its worker or node died
                 return "lost", _first_line(e)
         try:
-            kind, value = ray.get(self.owner.poll.remote(self.status_path), timeout=120)
+            kind, value = ray.get(self.owner.poll.remote(self.status_path), timeout=30)
         except ray.exceptions.GetTimeoutError:
             return None  # the owner is busy or far: ask again at the next poll
         except ray.exceptions.RayError as e:
@@ -550,8 +550,6 @@ class RayHandle:
             return None
         if kind == "unknown":
             return "lost", "the schedule's owner actor does not know this attempt"
-        with contextlib.suppress(ray.exceptions.RayError):
-            self.owner.forget.remote(self.status_path)
         return kind, value if kind == "ended" else _first_line(str(value))
 
     def _note(self, text: str) -> None:
@@ -601,6 +599,9 @@ class RayHandle:
             code = RAY_LOST
             if self._stop_signal is None:
                 self._note(f"this attempt was lost with its Ray worker or node: {result}")
+        if self.owner is not None:  # what it brought back has landed here: the owner may let it go
+            with contextlib.suppress(self._ray.exceptions.RayError):
+                self.owner.forget.remote(self.status_path)
         if code == RAY_LOST:
             if (
                 read_status(self.status_path) is None
