@@ -117,6 +117,18 @@ def schedule_command(
         return _schedule_outcome(out, outcome, json)
     loaded = load_queue(queue)
     size = device_memory
+    start: dict[str, Any] = dict(  # how start_schedule runs the plan, wherever it was made
+        state_dir=folder,
+        backend=backend,
+        console=out,
+        options_base=FitOptions(max_batch=max_batch),
+        progress=progress,
+        probe_args=list(probe_args),
+        execute_options=execute_options,
+        ray_address=ray_address,
+        quiet=quiet,
+        timeline_path=Path(timeline) if timeline else None,
+    )
     if plan_on_cluster:
         return _plan_on_cluster_and_run(
             loaded,
@@ -131,18 +143,7 @@ def schedule_command(
             dry_run=dry_run,
             json_path=json,
             out=out,
-            start=dict(
-                state_dir=folder,
-                backend=backend,
-                console=out,
-                options_base=FitOptions(max_batch=max_batch),
-                progress=progress,
-                probe_args=list(probe_args),
-                execute_options=execute_options,
-                ray_address=ray_address,
-                quiet=quiet,
-                timeline_path=Path(timeline) if timeline else None,
-            ),
+            start=start,
         )
     loaded, targets, on_device = target_gpus(
         loaded, gpus=gpus, device_memory_bytes=size, dry_run=dry_run, note=lambda text: out.print(text, highlight=False)
@@ -168,22 +169,7 @@ def schedule_command(
     from jaxfit.schedule.flow import start_schedule
 
     try:
-        outcome = start_schedule(
-            loaded,
-            targets,
-            logical=not on_device,
-            state_dir=folder,
-            backend=backend,
-            console=out,
-            options_base=FitOptions(max_batch=max_batch),
-            progress=progress,
-            probe_args=list(probe_args),
-            execute_options=execute_options,
-            ray_address=ray_address,
-            quiet=quiet,
-            timeline_path=Path(timeline) if timeline else None,
-            plan_path=plan,
-        )
+        outcome = start_schedule(loaded, targets, logical=not on_device, plan_path=plan, **start)
     except (sqlite3.Error, OSError) as e:  # the state folder cannot be written (a full disk)
         raise JaxfitError(
             f"cannot write the schedule state in {folder} ({getattr(e, 'strerror', None) or e}; is its disk full?); "
