@@ -72,11 +72,11 @@ def schedule_command(
     parsed()
     from pathlib import Path
 
-    from jaxfit.files import check_writable, write_json
+    from jaxfit.files import check_writable
     from jaxfit.fit.options import FitOptions
     from jaxfit.schedule.flow import target_gpus
     from jaxfit.schedule.folder import check_state_dir, default_state_dir
-    from jaxfit.schedule.planner import gpu_lines, plan_queue, schedule_dict, schedule_table
+    from jaxfit.schedule.planner import plan_queue
     from jaxfit.schedule.queue_file import load_queue
     from jaxfit.schedule.scheduler import ExecuteOptions
 
@@ -160,22 +160,45 @@ def schedule_command(
             probe_args=list(probe_args),
             on_device=on_device,
         )
-        if json:
-            write_json(json, schedule_dict(runs, planned))
-        out.print(schedule_table(runs, planned))
-        for line in gpu_lines(planned):
-            out.print(line, highlight=False)
-        return 0
+        return _print_plan(out, runs, planned, json)
+    return _run_schedule(out, loaded, targets, logical=not on_device, plan_path=plan, json_path=json, start=start)
+
+
+def _print_plan(out: Console, runs: Any, planned: Any, json_path: str | None) -> int:
+    """``--dry-run``'s output: the plan's table and GPU lines, and its JSON to ``json_path``."""
+    from jaxfit.files import write_json
+    from jaxfit.schedule.planner import gpu_lines, schedule_dict, schedule_table
+
+    if json_path:
+        write_json(json_path, schedule_dict(runs, planned))
+    out.print(schedule_table(runs, planned))
+    for line in gpu_lines(planned):
+        out.print(line, highlight=False)
+    return 0
+
+
+def _run_schedule(
+    out: Console,
+    queue: Any,
+    targets: Any,
+    *,
+    logical: bool,
+    plan_path: str | None,
+    json_path: str | None,
+    start: dict[str, Any],
+) -> int:
+    """Run a schedule (:func:`jaxfit.schedule.flow.start_schedule`) and print its outcome; a state
+    folder that cannot be written is one line."""
     from jaxfit.schedule.flow import start_schedule
 
     try:
-        outcome = start_schedule(loaded, targets, logical=not on_device, plan_path=plan, **start)
+        outcome = start_schedule(queue, targets, logical=logical, plan_path=plan_path, **start)
     except (sqlite3.Error, OSError) as e:  # the state folder cannot be written (a full disk)
         raise JaxfitError(
-            f"cannot write the schedule state in {folder} ({getattr(e, 'strerror', None) or e}; is its disk full?); "
-            "free space, then rerun with --resume"
+            f"cannot write the schedule state in {start['state_dir']} ({getattr(e, 'strerror', None) or e}; is its "
+            "disk full?); free space, then rerun with --resume"
         ) from None
-    return _schedule_outcome(out, outcome, json)
+    return _schedule_outcome(out, outcome, json_path)
 
 
 @app.command(name="calibrate")
@@ -228,27 +251,20 @@ def _plan_on_cluster_and_run(
     import os
     import shutil
 
-    from jaxfit.files import write_json
     from jaxfit.schedule.cluster_plan import plan_on_cluster
-    from jaxfit.schedule.flow import start_schedule
-    from jaxfit.schedule.planner import gpu_lines, load_plan, schedule_dict, schedule_table
+    from jaxfit.schedule.planner import load_plan
 
     plan_path, targets = plan_on_cluster(
         queue, ray_address, arguments=arguments, note=lambda text: out.print(text, highlight=False)
     )
     if dry_run:
-        runs, planned = load_plan(plan_path, queue)
-        if json_path:
-            write_json(json_path, schedule_dict(runs, planned))
-        out.print(schedule_table(runs, planned))
-        for line in gpu_lines(planned):
-            out.print(line, highlight=False)
-        return 0
+        return _print_plan(out, *load_plan(plan_path, queue), json_path)
     try:
-        outcome = start_schedule(queue, targets, logical=logical, plan_path=plan_path, **start)
+        return _run_schedule(
+            out, queue, targets, logical=logical, plan_path=plan_path, json_path=json_path, start=start
+        )
     finally:  # the state folder keeps its own copies of the pins
         shutil.rmtree(os.path.dirname(plan_path), ignore_errors=True)
-    return _schedule_outcome(out, outcome, json_path)
 
 
 def _schedule_outcome(out: Console, outcome: Any, json_path: str | None) -> int:

@@ -72,11 +72,12 @@ def _make_plan_task() -> Callable[..., dict[str, Any]]:
                     path = (run.get("pin") or {}).get("path")
                     if path and os.path.isfile(path):
                         folder = os.path.dirname(path)
-                        pins[run["name"]] = {
-                            name: open(os.path.join(folder, name), "rb").read()  # noqa: SIM115
-                            for name in os.listdir(folder)
-                            if os.path.isfile(os.path.join(folder, name))
-                        }
+                        files: dict[str, bytes] = {}
+                        for name in os.listdir(folder):
+                            if os.path.isfile(os.path.join(folder, name)):
+                                with open(os.path.join(folder, name), "rb") as f:
+                                    files[name] = f.read()
+                        pins[run["name"]] = files
                 result.update(plan=plan, pins=pins)
             return result
         finally:
