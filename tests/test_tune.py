@@ -54,10 +54,11 @@ def test_tune_of_an_example_measures_what_fits_and_ranks_it(tmp_path, run_cli):
     assert rows[0] == result["best"]  # ranked fastest first
     assert sum(c["bytes"] for c in result["breakdown"]) == result["best"]["peak_bytes"]
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
-    assert "fastest:" in proc.stdout and "(prove " in proc.stdout
+    assert "fastest:" in proc.stdout and "(search " in proc.stdout and ", prove " in proc.stdout
     phases = result["phase_seconds"]
     assert phases["prove"] > 0 and phases["measure"] > 0
-    assert phases["prove"] + phases["measure"] <= result["wall_seconds"] + 0.1
+    assert phases["search"] > 0
+    assert phases["search"] + phases["prove"] + phases["measure"] <= result["wall_seconds"] + 0.1
 
     again = run_cli(*args, "--json", "t2.json")  # every program and measurement comes from the caches
     assert again.returncode == 0, again.stderr[-2000:]
@@ -372,3 +373,32 @@ def test_a_tune_of_an_example_proves_every_setting_in_one_compile_process(monkey
         exact = dataclasses.replace(exact, multiple_of=row.accum_steps)
         own = jaxfit.fit_batch(target.source(by_name[row.setting], row.accum_steps, row.global_batch), exact)
         assert own.peak_bytes == row.peak_bytes, row
+
+
+def test_on_a_gpu_each_micro_batch_is_proved_as_it_runs_and_one_that_does_not_fit_gives_way(monkeypatch):
+    """On a GPU (emulated: real CPU compiles under a pretend 599 MB card at 0.5, a 299.5 MB budget)
+    the search for the largest micro-batch is untuned and proves nothing: every micro-batch
+    measured is proved by one compile of its accumulated program as it runs. Plain 8 fits (297.8
+    MB) but 8 x 2 does not (301.3 MB: the gradient accumulator), so it gives way to the next two
+    divisors of the global batch, 4 x 4 and 2 x 8."""
+    from jaxfit.fit import FitOptions
+    from jaxfit.fit.sources import example_source
+    from jaxfit.tune import Target, TuneOptions, example_settings, tune
+
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(599_000_000))
+    events: list = []
+    result = tune(
+        Target(example=example_source("gpt-tiny", {"n_layers": "1"})),
+        example_settings(["none"], ["float32"]),
+        FitOptions(mem_fraction=0.5, use_cache=False),
+        TuneOptions(global_batch=16, micro_batches=2, warmup=1, steps=2, measure="inline", drop_margin=None),
+        progress=lambda e, d: events.append((e, d)),
+    )
+    rows = {r.micro_batch: r for r in result.rows}
+    assert sorted(rows) == [2, 4, 8], rows
+    assert rows[8].status == "does not fit" and rows[8].accum_steps == 2
+    assert rows[4].status == rows[2].status == "measured"
+    assert all(r.peak_bytes is not None and r.peak_bytes <= r.budget_bytes for r in (rows[4], rows[2]))
+    tuned = [d["batches"] for e, d in events if e == "round" and d["autotune"]]
+    assert tuned == [[16], [16], [16]], tuned  # the three proofs, and nothing autotuned in the search
+    assert result.phase_seconds["search"] > 0

@@ -2,9 +2,12 @@
 
 For each setting (remat and precision of a built-in example, or a script's own flags):
 
-1. **Fit** (:func:`jaxfit.fit_batch`): its largest micro-batch under the fraction; then each
-   micro-batch ``m`` that divides the global batch ``G`` (the largest few) is compiled as it will
-   run, accumulated over ``G / m`` steps, to prove it fits; each proof pins its program. For a
+1. **Fit** (:func:`jaxfit.fit_batch`): its largest micro-batch under the fraction (on a GPU with
+   a global batch, searched on untuned compiles and not proved: it only says where to start);
+   then each micro-batch ``m`` that divides the global batch ``G`` (the largest few that fit) is
+   compiled as it will run, accumulated over ``G / m`` steps, to prove it fits (one autotuned
+   compile each on a GPU; one that does not fit gives way to the next divisor down); each proof
+   pins its program. For a
    built-in example every fit of the tune runs in one compile process, which switches workloads
    (:func:`jaxfit.fit.batch.shared_compile_process`); a script is probed in its own process each time.
 2. **Prune**: a candidate whose compiled FLOPs at the device's peak rate cannot beat the best
@@ -53,6 +56,7 @@ from jaxfit.fit.cache import JsonStore, default_cache_path
 from jaxfit.fit.command import hooked_pythonpath, with_batch
 from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.compiler import HOOK_VARIABLES
+from jaxfit.fit.devices import cuda_total_bytes
 from jaxfit.fit.leftovers import cleaned, probe_environment
 from jaxfit.fit.pin import Pin, hook_environment, run_environment
 from jaxfit.fit.sources import ExampleSource, ScriptSource
@@ -345,12 +349,28 @@ def _prove(
     options: FitOptions,
     progress: Progress | None,
 ) -> FitResult:
-    """The fit that proves ``setting`` at ``micro x accum`` fits (and pins its program)."""
-    if accum == 1 and largest is not None and largest.batch_size == micro:
+    """The fit that proves ``setting`` at ``micro x accum`` fits (and pins its program): the
+    search's own answer when that is this very program, compiled as it runs, and pinned."""
+    if (
+        largest is not None
+        and accum == 1
+        and largest.batch_size == micro
+        and largest.pin
+        and _compiled_as_run(largest)
+        and (options.time_steps is None or largest.timing)
+    ):
         return largest
     batch = micro * accum
     exact = dataclasses.replace(options, min_batch=batch, max_batch=batch, multiple_of=accum)
     return fit_batch(target.source(setting, accum, batch), exact, progress=progress)
+
+
+def _compiled_as_run(fit: FitResult) -> bool:
+    """Whether ``fit``'s answer was compiled as the program runs: autotuned on a GPU (a search
+    without its proof is not), always on a CPU (which has no autotuning)."""
+    if not fit.device.get("limit_sensitive"):
+        return True
+    return any(c.autotuned and c.batch_size == fit.batch_size and c.fits for c in fit.candidates)
 
 
 def _flops_per_step(micro: int, accum: int, fit: FitResult, largest: FitResult) -> float | None:
@@ -373,6 +393,16 @@ def _flops_per_step(micro: int, accum: int, fit: FitResult, largest: FitResult) 
     return plain[widest] / widest * micro * accum if widest else None
 
 
+def _micro_batches_to_prove(tune: TuneOptions, largest: FitResult) -> list[int]:
+    """Micro-batches to compile as they run, largest first, until ``tune.micro_batches`` of them
+    fit: the divisors of the global batch up to the search's answer (untuned on a GPU: when the
+    proof of one fails, the next one down takes its place). Without a global batch: the search's
+    answer, proved by the search itself."""
+    if tune.global_batch is None:
+        return [largest.batch_size]
+    return micro_batches(tune.global_batch, largest.batch_size, multiple_of=largest.multiple_of, most=1 << 30)
+
+
 def _rows_of_setting(
     target: Target,
     setting: Setting,
@@ -380,6 +410,7 @@ def _rows_of_setting(
     tune: TuneOptions,
     leader: _Leader,
     progress: Progress | None,
+    phases: dict[str, float],
 ) -> tuple[list[Row], dict[tuple[int, int], FitResult]]:
     """Fit one setting: its largest micro-batch, then each micro-batch to try; a row for each.
     With ``--measure inline`` each proof also times its program where it was compiled (dropped
@@ -393,20 +424,30 @@ def _rows_of_setting(
 
     notify(progress, "note", text=f"tune: {setting.name}: the largest micro-batch up to {cap}")
     try:
-        largest = fit_batch(
-            target.source(setting, 1, None),
-            dataclasses.replace(timed(options) if inline else options, max_batch=cap),
-            progress=progress,
-        )
+        # On a GPU with a global batch, searched but not proved: its untuned answer only says where
+        # to start, since every micro-batch measured is then compiled as it runs (autotuned,
+        # accumulated) to prove it. Otherwise its answer may be a candidate: proved, and timed.
+        candidate = tune.global_batch is None or cuda_total_bytes() is None
+        searched = dataclasses.replace(options, max_batch=cap, verify=options.verify and candidate)
+        began = time.perf_counter()
+        try:
+            largest = fit_batch(
+                target.source(setting, 1, None),
+                timed(searched) if inline and candidate else searched,
+                progress=progress,
+            )
+        finally:
+            phases["search"] = phases.get("search", 0.0) + time.perf_counter() - began
     except DoesNotFitError as err:
         g = tune.global_batch or 1
         return [
             Row(setting.name, 1, g, g, fits=False, status="does not fit", note=err.what, precision=dtype, remat=remat)
         ], {}
     rows, fits = [], {}
-    for micro in micro_batches(
-        tune.global_batch, largest.batch_size, multiple_of=largest.multiple_of, most=tune.micro_batches
-    ):
+    proven = 0
+    for micro in _micro_batches_to_prove(tune, largest):
+        if proven >= tune.micro_batches:
+            break
         accum = (tune.global_batch or micro) // micro
         row = Row(setting.name, micro, accum, micro * accum, precision=dtype, remat=remat)
         try:
@@ -415,6 +456,7 @@ def _rows_of_setting(
             row.status, row.note = "does not fit", str(err).split(";")[0]
             rows.append(row)
             continue
+        proven += 1
         batch_bytes = next((c["bytes"] for c in fit.breakdown if c["name"] == "batch"), None)
         row.peak_bytes, row.budget_bytes, row.fits = fit.peak_bytes, fit.budget_bytes, True
         row.flops_per_step = _flops_per_step(micro, accum, fit, largest)
@@ -656,10 +698,13 @@ def tune(
     )
     device: dict[str, Any] = {}
     leader = _Leader(tuning)
+    searched: dict[str, float] = {}  # seconds spent searching each setting's largest micro-batch
     with context:
         with shared_compile_process():  # one compile process for every setting and accumulation
             for setting in settings:
-                setting_rows, setting_fits = _rows_of_setting(target, setting, options, tuning, leader, progress)
+                setting_rows, setting_fits = _rows_of_setting(
+                    target, setting, options, tuning, leader, progress, searched
+                )
                 rows.extend(setting_rows)
                 fits.update({(setting.name, m, a): f for (m, a), f in setting_fits.items()})
                 for f in setting_fits.values():
@@ -718,7 +763,12 @@ def tune(
         finally:
             if store is not None:
                 store.close()
-    phases = {"prove": round(proved - start, 2), "measure": round(time.perf_counter() - proved, 2)}
+    search_seconds = searched.get("search", 0.0)
+    phases = {
+        "search": round(search_seconds, 2),
+        "prove": round(proved - start - search_seconds, 2),
+        "measure": round(time.perf_counter() - proved, 2),
+    }
     _mfu(rows, peak_of)
     # Whole measurements first, then the dropped (their short look), then the rest.
     rows.sort(key=lambda r: (r.status != "measured", r.samples_per_second is None, -(r.samples_per_second or 0)))
@@ -727,7 +777,11 @@ def tune(
         target.command(by_name[best_row.setting], best_row.micro_batch, best_row.accum_steps) if best_row else None
     )
     best_fit = fits.get((best_row.setting, best_row.micro_batch, best_row.accum_steps)) if best_row else None
-    message = _message(best_row, rows, tuning) + f" (prove {phases['prove']:.0f} s, measure {phases['measure']:.0f} s)"
+    message = _message(best_row, rows, tuning) + (
+        f" (search {phases['search']:.0f} s, prove {phases['prove']:.0f} s"
+        + (" with inline timing" if tuning.measure == "inline" else "")
+        + f", measure {phases['measure']:.0f} s)"
+    )
     return TuneResult(
         rows=rows,
         best=best_row,
