@@ -291,3 +291,17 @@ def test_gpu_flow_finds_the_smallest_fraction_on_compiles_under_each_fraction(mo
     smallest = next(u for u in range(1, 101) if peak <= int(8 * MiB * u / 100))
     assert round(result.mem_fraction * 100) == smallest
     assert result.rounds == len([e for e, _ in events if e == "round"]) <= 4
+
+
+def test_a_search_of_listed_batches_compiles_only_them_and_answers_the_largest_that_fits():
+    """``jaxfit tune`` asks only about the divisors of its global batch (the only micro-batches it can
+    use): under a 400 MB budget gpt-tiny's plain step fits up to about 11 (8: 297.8 MB, 16: 532.9
+    MB), and the listed search answers 8 having compiled listed batches alone, in two rounds of four."""
+    listed = (1, 2, 4, 8, 16, 32, 64)
+    options = jaxfit.FitOptions(
+        mem_fraction=0.5, device_memory_bytes=800_000_000, max_batch=64, width=4, use_cache=False, batches=listed
+    )
+    result = jaxfit.fit_batch(jaxfit.example_source("gpt-tiny", {"n_layers": "1"}), options)
+    assert result.batch_size == 8 and result.outcome == "boundary"
+    assert {c.batch_size for c in result.candidates} <= set(listed)
+    assert result.rounds <= 2 and "batch 16 needs" in result.message, result.message

@@ -402,3 +402,44 @@ def test_on_a_gpu_each_micro_batch_is_proved_as_it_runs_and_one_that_does_not_fi
     tuned = [d["batches"] for e, d in events if e == "round" and d["autotune"]]
     assert tuned == [[16], [16], [16]], tuned  # the three proofs, and nothing autotuned in the search
     assert result.phase_seconds["search"] > 0
+
+
+def test_a_program_the_compile_process_cannot_hold_inline_is_measured_in_a_fresh_process(monkeypatch):
+    """On four H100s (benchmarks/README.md section 15) the compile process ran out of memory timing
+    the proved winner (remat none 4 x 16 of gpt-small: peak 5.15 GiB of a 5.59 GiB budget), which
+    a fresh process runs: that process holds every program it compiled and a pool its compiles have
+    cut up. Such a row is measured in a fresh process, as the proof is for one. (The reply is the
+    compile process's, with the H100's message: a CPU has no pool to run out of.)"""
+    from jaxfit.fit import FitOptions
+    from jaxfit.fit.compiler import CompileChild
+    from jaxfit.fit.sources import example_source
+    from jaxfit.tune import Target, TuneOptions, example_settings, tune
+
+    real_time = CompileChild.time
+    calls: list[int] = []
+
+    def time_in_child(self, batch, *args, **kwargs):
+        calls.append(batch)
+        if len(calls) == 1:
+            return {
+                "op": "timed",
+                "ok": False,
+                "batch": batch,
+                "error": "JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.40GiB "
+                "with allocator GPU_0_bfc on device 0.",
+                "oom": True,
+            }
+        return real_time(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(CompileChild, "time", time_in_child)
+    result = tune(
+        Target(example=example_source("gpt-tiny", {"n_layers": "1"})),
+        example_settings(["none"], ["float32"]),
+        FitOptions(mem_fraction=0.3, device_memory_bytes=1 << 30, use_cache=False),
+        TuneOptions(global_batch=8, micro_batches=2, warmup=1, steps=2, measure="inline", drop_margin=None),
+    )
+    assert len(calls) == 2, calls
+    where = {(r.micro_batch, r.accum_steps): (r.status, r.measured_in) for r in result.rows}
+    assert where == {(8, 1): ("measured", "process"), (4, 2): ("measured", "compile process")}, where
+    fresh = next(r for r in result.rows if r.measured_in == "process")
+    assert "fresh process" in fresh.note and fresh.samples_per_second

@@ -14,7 +14,7 @@ import contextvars
 import dataclasses
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import budget as budget_mod
@@ -35,7 +35,7 @@ from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome, Devic
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
 from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
-from jaxfit.fit.search import Grid, prove, search
+from jaxfit.fit.search import Grid, SearchResult, prove, search
 from jaxfit.fit.sources import ScriptSource, Source
 
 
@@ -255,6 +255,39 @@ def _does_not_fit(rounds: _Rounds, grid: Grid, options: FitOptions, fraction: fl
     )
 
 
+def _listed(batches: tuple[int, ...], grid: Grid) -> list[int]:
+    """``FitOptions.batches`` on the grid, ascending.
+
+    Raises:
+      ConfigError: none of them is.
+    """
+    listed = sorted({b for b in batches if grid.first <= b <= grid.last and b % grid.step == 0})
+    if not listed:
+        raise ConfigError(
+            f"none of the batches {sorted(set(batches))} is a multiple of {grid.step} in [{grid.first}, {grid.last}]"
+        )
+    return listed
+
+
+def _search_listed(
+    evaluate: Callable[[list[int]], Mapping[int, float]], listed: list[int], width: int, step: int
+) -> tuple[SearchResult, Grid]:
+    """The largest of ``listed`` that fits, searched over their positions (a monotone question on
+    any ordered set), and the grid of the listed range (for the messages): a tune's divisors of
+    its global batch in two rounds of four, where the whole range takes three or four."""
+
+    def by_position(positions: list[int]) -> dict[int, float]:
+        got = evaluate([listed[i] for i in positions])
+        return {i: got[listed[i]] for i in positions}
+
+    found = search(by_position, Grid(0, len(listed) - 1), width=width)
+    answer = None if found.answer is None else listed[found.answer]
+    known = {listed[i]: e for i, e in found.known.items()}
+    return SearchResult(answer, found.outcome, found.rounds, found.evaluations, known), Grid(
+        listed[0], listed[-1], step
+    )
+
+
 @cleaning_probe_leftovers
 def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Progress | None = None) -> FitResult:
     """The largest batch whose compiled peak fits the budget of ``options.mem_fraction``.
@@ -293,6 +326,8 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         "grid": [grid.first, grid.last, grid.step],
         "verify": options.verify,
     }
+    if options.batches is not None:
+        question["batches"] = sorted(set(options.batches))
     key, hit = cached_answer(options, question, source, start, progress)
     if hit is not None and options.time_steps is None:  # a cached answer keeps no program to time
         notify(progress, "cached", result=hit)
@@ -328,10 +363,15 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         tuned = info.limit_sensitive and options.verify
         notify(progress, "start", device=info, limit=limit, budget=budget, width=width)
         rounds = _Rounds(child, info, budget, progress)
+        listed = _listed(options.batches, grid) if options.batches is not None else None
+        if listed is not None:
+            tuned = False  # each listed batch is proved where it is used (jaxfit tune)
         # Untuned on a GPU with verification (the proof follows), else the program as it runs
         # (the CPU compiler has no autotuning; --no-verify takes the untuned answer).
         narrow = tuned and len(grid.between(grid.first - grid.step, grid.last + grid.step)) <= TUNED_WIDTH
-        if narrow:  # a window this narrow (a proof of a known answer, tune's exact batches): an untuned
+        if listed is not None:
+            found, grid = _search_listed(rounds.evaluator(not info.limit_sensitive, width), listed, width, grid.step)
+        elif narrow:  # a window this narrow (a proof of a known answer, tune's exact batches): an untuned
             # round could not narrow it, so it is compiled as it will run at once, every point in one round
             found = search(rounds.evaluator(True, TUNED_WIDTH), grid, width=TUNED_WIDTH)
         else:
@@ -341,7 +381,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                 width=width,
                 leave_open=TUNED_WIDTH - 1 if tuned else 0,
             )
-        if tuned and not narrow:
+        if tuned and not narrow and listed is None:
             found = prove(rounds.evaluator(True, TUNED_WIDTH), grid, found, budget, width=TUNED_WIDTH)
         if found.answer is None:
             raise _does_not_fit(rounds, grid, options, fraction, total)
@@ -372,15 +412,17 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
 
     candidates = rounds.candidates()
     outcome: Outcome = "max" if answer == grid.last else "boundary"
-    neighbour = rounds.latest.get(answer + grid.step)
+    # the batch above the answer: the next on the grid, or the next listed one
+    above_answer = next((b for b in listed if b > answer), answer) if listed is not None else answer + grid.step
+    neighbour = rounds.latest.get(above_answer)
     above = fitting_above(candidates, answer, tuned_only=tuned)
     message = (
         f"batch {answer} fits: peak {budget_mod.format_bytes(final.peak_bytes)} of a "
         f"{budget_mod.format_bytes(budget)} budget"
         + (
-            f"; batch {answer + grid.step} needs {budget_mod.format_bytes(neighbour.memory.peak_bytes)}"
+            f"; batch {above_answer} needs {budget_mod.format_bytes(neighbour.memory.peak_bytes)}"
             if outcome == "boundary" and neighbour is not None and neighbour.memory is not None
-            else f"; batch {answer + grid.step} runs out of memory while compiling"
+            else f"; batch {above_answer} runs out of memory while compiling"
             if outcome == "boundary"
             else ""
         )

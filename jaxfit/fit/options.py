@@ -85,6 +85,9 @@ class FitOptions:
       time_steps: ``(warmup, steps)``: also run the answer's program in the compile process that
         proved it, on real arguments, and time it (``FitResult.timing``; ``jaxfit tune --measure
         inline``); the answer cache is not read then (it keeps no program to run).
+      batches: Only these batch sizes (within the bounds and multiples of ``multiple_of``): ``jaxfit
+        tune`` asks for the divisors of its global batch, the only micro-batches it can use. Their
+        search is not proved on a GPU (as ``verify=False``): each is proved where it is used.
       time_give_up: ``(look, seconds per sample)`` with ``time_steps``: stop timing after ``look``
         timed steps when they took longer than that per sample of the batch on average (a candidate
         clearly slower than the best one so far; ``FitResult.timing["stopped_early"]``).
@@ -104,6 +107,7 @@ class FitOptions:
     pin: tyro.conf.Suppress[bool] = True
     time_steps: tyro.conf.Suppress[tuple[int, int] | None] = None
     time_give_up: tyro.conf.Suppress[tuple[int, float] | None] = None
+    batches: tyro.conf.Suppress[tuple[int, ...] | None] = None
 
     def resolved_fraction(self) -> float:
         """The fraction to fit under (:func:`default_mem_fraction` when not given).

@@ -428,7 +428,13 @@ def _rows_of_setting(
         # to start, since every micro-batch measured is then compiled as it runs (autotuned,
         # accumulated) to prove it. Otherwise its answer may be a candidate: proved, and timed.
         candidate = tune.global_batch is None or cuda_total_bytes() is None
-        searched = dataclasses.replace(options, max_batch=cap, verify=options.verify and candidate)
+        searched = dataclasses.replace(
+            options,
+            max_batch=cap,
+            verify=options.verify and candidate,
+            # only the divisors of the global batch can be micro-batches: the search asks about them alone
+            batches=tuple(m for m in range(1, cap + 1) if tune.global_batch % m == 0) if tune.global_batch else None,
+        )
         began = time.perf_counter()
         try:
             largest = fit_batch(
@@ -464,8 +470,13 @@ def _rows_of_setting(
         row.pin = fit.pin["path"] if fit.pin else None
         if inline:
             _apply(row, _timed_inline(fit))
-            row.measured_in = "compile process"
-            leader.record(row)
+            if row.status == "out of memory":
+                # The compile process holds more than a fresh one (every program it compiled, a pool
+                # its compiles have cut up): the proof is for a fresh process, which measures it.
+                row.status, row.note = "not run", "the compile process could not hold it; measured in a fresh process"
+            else:
+                row.measured_in = "compile process"
+                leader.record(row)
         rows.append(row)
         fits[(micro, accum)] = fit
     if not rows:
