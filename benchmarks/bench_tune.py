@@ -128,7 +128,10 @@ def run_main(args: argparse.Namespace) -> int:
         grid = []
         start = time.time()
         for setting in example_settings(args.remat.split(","), args.precision.split(",")):
-            for micro in [m for m in range(args.global_batch, 0, -1) if args.global_batch % m == 0]:
+            micros = [m for m in range(args.global_batch, 0, -1) if args.global_batch % m == 0]
+            if args.grid_micro:  # a few points of the grid, e.g. to check a tune's winner on its card
+                micros = [m for m in micros if m in {int(x) for x in args.grid_micro.split(",")}]
+            for micro in micros:
                 accum = args.global_batch // micro
                 sets = [f"{k}={v}" for k, v in setting.overrides] + [f"grad_accum_steps={accum}"]
                 point = grid_run(args.example, sets, args.global_batch, args.fraction, args.warmup, args.steps)
@@ -213,6 +216,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--skip-tune", action="store_true")
     p.add_argument("--skip-grid", action="store_true")
+    p.add_argument("--grid-micro", default="", help="only these micro-batches in the grid (comma-separated)")
     p.add_argument(
         "--tune-arg", action="append", default=[], help="passed to jaxfit tune, e.g. --tune-arg=--measure=inline"
     )
