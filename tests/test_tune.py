@@ -380,7 +380,8 @@ def test_on_a_gpu_each_micro_batch_is_proved_as_it_runs_and_one_that_does_not_fi
     the search for the largest micro-batch is untuned and proves nothing: every micro-batch
     measured is proved by one compile of its accumulated program as it runs. Plain 8 fits (297.8
     MB) but 8 x 2 does not (301.3 MB: the gradient accumulator), so it gives way to the next two
-    divisors of the global batch, 4 x 4 and 2 x 8."""
+    divisors of the global batch, 4 x 4 and 2 x 8. By default (``--measure auto``) a GPU times them
+    in that process."""
     from jaxfit.fit import FitOptions
     from jaxfit.fit.sources import example_source
     from jaxfit.tune import Target, TuneOptions, example_settings, tune
@@ -391,13 +392,15 @@ def test_on_a_gpu_each_micro_batch_is_proved_as_it_runs_and_one_that_does_not_fi
         Target(example=example_source("gpt-tiny", {"n_layers": "1"})),
         example_settings(["none"], ["float32"]),
         FitOptions(mem_fraction=0.5, use_cache=False),
-        TuneOptions(global_batch=16, micro_batches=2, warmup=1, steps=2, measure="inline", drop_margin=None),
+        TuneOptions(global_batch=16, micro_batches=2, warmup=1, steps=2, drop_margin=None),
         progress=lambda e, d: events.append((e, d)),
     )
     rows = {r.micro_batch: r for r in result.rows}
     assert sorted(rows) == [2, 4, 8], rows
     assert rows[8].status == "does not fit" and rows[8].accum_steps == 2
     assert rows[4].status == rows[2].status == "measured"
+    # --measure auto on a GPU: timed in the process that proved them, no training process started
+    assert rows[4].measured_in == rows[2].measured_in == "compile process"
     assert all(r.peak_bytes is not None and r.peak_bytes <= r.budget_bytes for r in (rows[4], rows[2]))
     tuned = [d["batches"] for e, d in events if e == "round" and d["autotune"]]
     assert tuned == [[16], [16], [16]], tuned  # the three proofs, and nothing autotuned in the search

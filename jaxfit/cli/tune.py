@@ -28,7 +28,7 @@ def tune_command(
     budget: float | None = None,
     peak_tflops: float | None = None,
     micro_batches: int = 3,
-    measure: Literal["process", "inline"] = "process",
+    measure: Literal["auto", "process", "inline"] = "auto",
     drop_margin: float | None = 0.1,
     json: str | None = None,
     png: str | None = None,
@@ -37,7 +37,7 @@ def tune_command(
     wandb_mode: WandbMode | None = None,
     wandb_project: str = "jaxfit",
 ) -> int:
-    """Find the settings that train fastest and fit: each compiled to prove it fits, the candidates that can win measured in fresh training processes.
+    """Find the settings that train fastest and fit: each compiled to prove it fits, the candidates that can win measured (on a GPU, a built-in example's in the process that proved them; else in fresh training processes).
 
     Usage: `jaxfit tune --example gpt-small --global-batch 64 --mem-fraction 0.3` (remat and
     precision of a built-in example), or `jaxfit tune --script --global-batch 64
@@ -45,9 +45,9 @@ def tune_command(
     gpt_small --exp-name=t` (a script's own flags). For each setting the largest micro-batch that
     fits is found, then the micro-batches that divide the global batch (with --grad-accum-steps)
     are compiled as they will run; a candidate that cannot beat the best measured rate at the
-    device's peak FLOP/s is skipped; the others run warm-up and timed steps in a fresh process
-    with their proven (pinned) program, and are ranked by samples per second; one clearly slower
-    than the best so far is dropped after its first timed steps (--drop-margin).
+    device's peak FLOP/s is skipped; the others run warm-up and timed steps with their proven
+    (pinned) program (--measure), and are ranked by samples per second; one clearly slower than
+    the best so far is dropped after its first timed steps (--drop-margin).
 
     Args:
         options: How to fit.
@@ -64,7 +64,7 @@ def tune_command(
         budget: Seconds to spend measuring, counted from the first measurement (the fits before it are not counted); the rows not measured say so.
         peak_tflops: The device's peak TFLOP/s, for MFU and to prune candidates that cannot win (default: a table of GPUs; none on a CPU).
         micro_batches: Micro-batches tried per setting, largest first.
-        measure: process: each candidate trains in a fresh process with its pinned program (step and time between steps); inline: the proven program is timed in the compile process that proved it, on real arguments of its shapes (no start-up per candidate; the step alone; built-in examples only).
+        measure: process: each candidate trains in a fresh process with its pinned program (step and time between steps); inline: the proven program is timed in the compile process that proved it, on real arguments of its shapes (no start-up per candidate; the step alone; built-in examples only; a program that process cannot hold is measured in a fresh one); auto: inline for a built-in example on a GPU, process otherwise.
         drop_margin: Stop measuring a candidate after the first quarter of --steps (4 or more) when it runs this share below the best rate measured so far (0.1: 10% slower); its row says dropped. None measures every candidate fully.
         json: Write the result (rows, best, breakdown of the best) to this file.
         png: Draw samples/s against micro-batch per setting to this PNG.

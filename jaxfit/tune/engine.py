@@ -101,7 +101,11 @@ class TuneOptions:
       measure: ``process``: each candidate trains in a fresh process with its pinned program (the
         step and the time between steps, the script's data loading included); ``inline``: the
         program is run where it was proven, in the compile process, on real arguments of its shapes
-        (no start-up per candidate; the step alone; built-in examples only so far).
+        (no start-up per candidate; the step alone; built-in examples only so far); ``auto``: inline
+        for a built-in example on a GPU (on an H100 it found the grid's winner in 0.40x of the
+        grid's time against 0.63x, its rates within 1 % of a fresh process's:
+        benchmarks/README.md section 15), fresh processes otherwise (a script; a CPU, where
+        inline timing ranked two settings 2 % apart the wrong way round, section 12).
       drop_margin: Stop measuring a candidate after :attr:`look_steps` timed steps when its rate is
         more than this share below the best measured so far (its row says ``dropped``); None:
         measure every candidate fully.
@@ -115,7 +119,7 @@ class TuneOptions:
     micro_batches: int = 3
     measure_timeout: float = 900.0
     use_cache: bool = True
-    measure: Literal["process", "inline"] = "process"
+    measure: Literal["auto", "process", "inline"] = "auto"
     drop_margin: float | None = DROP_MARGIN
 
     @property
@@ -135,8 +139,8 @@ class TuneOptions:
             raise ConfigError(f"--budget {self.budget_seconds} must be more than 0 seconds")
         if self.micro_batches < 1:
             raise ConfigError(f"--micro-batches {self.micro_batches} must be at least 1")
-        if self.measure not in ("process", "inline"):
-            raise ConfigError(f"--measure {self.measure!r} is not one of process, inline")
+        if self.measure not in ("auto", "process", "inline"):
+            raise ConfigError(f"--measure {self.measure!r} is not one of auto, process, inline")
         if self.drop_margin is not None and not 0 <= self.drop_margin < 1:
             raise ConfigError(
                 f"--drop-margin {self.drop_margin} must be in [0, 1) (0.1: drop a candidate 10% slower than the best "
@@ -698,6 +702,9 @@ def tune(
     start = time.perf_counter()
     options.validate()
     tuning.validate()
+    if tuning.measure == "auto":
+        on_gpu = cuda_total_bytes() is not None
+        tuning = dataclasses.replace(tuning, measure="inline" if target.script is None and on_gpu else "process")
     fraction = options.resolved_fraction()
     rows: list[Row] = []
     fits: dict[tuple[str, int, int], FitResult] = {}
