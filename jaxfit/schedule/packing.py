@@ -1,5 +1,6 @@
 """Packing training runs onto GPUs by their measured memory needs (pure logic, no devices):
-best-fit decreasing, in order of start, with runs that wait for others to end.
+decreasing need, in order of start, spread over the GPUs before packing them (best fit among
+equals), with runs that wait for others to end.
 
 The design, at length: docs/design.md, "Packing runs onto GPUs".
 """
@@ -364,10 +365,12 @@ def _choose_gpus(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -
     first, its need there)``.
 
     The GPUs where it waits for the fewest runs in all (those already planned to finish there plus
-    the ones it needs freed), then those it leaves with the least capacity (best fit), then the
-    first given.
+    the ones it needs freed), then those where it shares the GPU with the fewest runs (runs side
+    by side share its compute: four runs packed onto one GPU of a node while the other idled took
+    1.5x the lower bound on four H100s, benchmarks/README.md section 14), then those it leaves
+    with the least capacity (best fit), then the first given.
     """
-    options: list[tuple[tuple[int, int, int], _GpuState, int, int]] = []
+    options: list[tuple[tuple[int, int, int, int], _GpuState, int, int]] = []
     for position, state in enumerate(states):
         total = state.gpu.total_bytes
         if not need.fits_pool_on(total):
@@ -377,7 +380,8 @@ def _choose_gpus(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -
         if releases is None:
             continue
         still_live = state.used() - sum(n for _, n in state.live[:releases])
-        key = (len(state.finished) + releases, state.capacity - still_live - bytes_needed, position)
+        sharing = len(state.live) - releases  # runs it would share the GPU's compute with
+        key = (len(state.finished) + releases, sharing, state.capacity - still_live - bytes_needed, position)
         options.append((key, state, releases, bytes_needed))
     options.sort(key=lambda option: option[0])
     assert len(options) >= need.gpus  # _reject_if_too_big made sure enough GPUs hold it alone
@@ -388,7 +392,7 @@ def _choose_gpus(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -
 
 
 def plan(needs: Sequence[Need], gpus: Sequence[GPU], reserve_bytes: int = 0, overhead_bytes: int = 0) -> Plan:
-    """Pack ``needs`` onto ``gpus`` (best-fit decreasing in waves; the module docstring has the policy).
+    """Pack ``needs`` onto ``gpus`` (decreasing need in waves; the module docstring has the policy).
 
     Args:
       needs: One per run (unique names). Input order breaks ties of priority and need.
