@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 21 on a host of 4 alike GPUs, in one call: `jaxfit tune` against the exhaustive grid of
 # plain runs, each side alone on a GPU of its own, all four at once:
-#   GPU 0: jaxfit tune with fresh measuring processes (the default, --measure process)
+#   GPU 0: jaxfit tune with fresh measuring processes (--measure process)
 #   GPU 1: jaxfit tune --measure inline (timed in the compile process that proved the program)
 #   GPU 2: the grid's remat=none half       GPU 3: the grid's remat=full half
 # The grid's wall time is the sum of its two halves (what it takes on one card); each tune's is its
@@ -9,6 +9,7 @@
 # tyro and wandb carried in .whl):
 #   OUT=$OUT bash benchmarks/tune_vs_grid_x4.sh [EXAMPLE GLOBAL_BATCH FRACTION PRECISION]
 # default: gpt-small 64 0.0706 bfloat16 (benchmarks/README.md section 6's question).
+# Everything it writes ends up in $OUT/all.tgz (a device call brings back at most 8 files).
 set -uo pipefail
 EXAMPLE=${1:-gpt-small}
 GLOBAL=${2:-64}
@@ -33,7 +34,7 @@ side() {  # GPU NAME ARGS...
     python3 benchmarks/bench_tune.py "${common[@]}" --out "$OUT/$name" "$@" >"$OUT/$name/bench.log" 2>&1
    echo "$name exit $? after $SECONDS s" | tee -a "$OUT/sides.txt") &
 }
-side 0 tune-process --remat none,full --skip-grid
+side 0 tune-process --remat none,full --skip-grid --tune-arg=--measure=process
 side 1 tune-inline --remat none,full --skip-grid --tune-arg=--measure=inline
 side 2 grid-none --remat none --skip-tune
 side 3 grid-full --remat full --skip-tune
@@ -60,3 +61,5 @@ for p in points:
     said = f"{p['samples_per_second']:.1f}" if p.get("ok") else ("OOM" if p.get("oom") else "failed")
     print(f"  {p['setting']} {p['micro_batch']} x {p['accum_steps']}: {said} ({p['wall_s']} s)")
 EOF
+# At most 8 files come back from a device call: everything goes back as one archive (PNGs left out).
+(cd "$OUT" && tar --exclude='*.png' -czf /tmp/tune-x4.tgz . && find . -mindepth 1 -delete && mv /tmp/tune-x4.tgz all.tgz)
