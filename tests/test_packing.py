@@ -455,3 +455,22 @@ def test_cluster_admission_counts_gpus_as_ray_does():
     assert fits_gpus([0.5, 0.5, 0.4, 0.6], 2) and not fits_gpus([0.5, 0.5, 0.4, 0.7], 2)
     assert fits_gpus([2.0, 0.3], 3) and not fits_gpus([2.0, 0.3, 0.8], 3) and not fits_gpus([2.0], 1)
     assert not fits_gpus([0.1], 0) and fits_gpus([], 0)
+
+
+def test_a_small_run_asks_ray_for_an_even_split_of_the_free_gpus_while_it_fits() -> None:
+    """Ray packs fractional GPU requests onto one GPU of a node; asking for at least 1/k of a GPU,
+    when the one-GPU runs spread evenly put k on each GPU, makes it spread them."""
+    from jaxfit.schedule.scheduler import fits_gpus, spread_share
+
+    # section 14's moment: one FSDP-2 run holds two of four GPUs, four small runs to start: 0.5 each
+    live: list[float] = [2.0]
+    asked = []
+    for need in (0.16, 0.16, 0.1, 0.1):
+        asked.append(spread_share(need, live, one_gpu_runs=4, gpus=4))
+        live.append(asked[-1])
+    assert asked == [0.5, 0.5, 0.5, 0.5] and fits_gpus(live, 4)
+    assert spread_share(0.1, [], one_gpu_runs=2, gpus=2) == 1.0  # one GPU each
+    assert spread_share(0.7, [], one_gpu_runs=4, gpus=2) == 0.7  # more than an even split: its need
+    assert spread_share(2.0, [], one_gpu_runs=4, gpus=4) == 2.0  # a run on several GPUs: whole GPUs
+    # an even split that no longer fits next to the live runs: its need, so it still starts now
+    assert spread_share(0.3, [0.6, 0.6], one_gpu_runs=4, gpus=2) == 0.3

@@ -91,6 +91,24 @@ def fits_gpus(shares: Sequence[float], gpus: int) -> bool:
     return True
 
 
+def spread_share(need: float, live: Sequence[float], one_gpu_runs: int, gpus: int) -> float:
+    """The share of a GPU a one-GPU run asks a Ray cluster for: at least ``1 / k`` when
+    ``one_gpu_runs`` (running or waiting) spread evenly put ``k`` of them on each GPU that runs on
+    several GPUs leave, as long as that still fits next to ``live``; else its ``need``.
+
+    Ray chooses the GPU of a fractional request inside a node and packs them: on four H100s four
+    runs of 0.10-0.16 went to one GPU while the node's other GPU idled (benchmarks/README.md
+    section 14). Asking for an even split of the GPUs makes Ray spread them; it costs no memory
+    (each run's pool is its own fraction), only logical room Ray could otherwise have packed.
+    """
+    if need >= 1 or one_gpu_runs < 1:
+        return need
+    free = gpus - sum(s for s in live if s >= 1)
+    per_gpu = math.ceil(one_gpu_runs / max(1, free))
+    asked = max(need, 1.0 / per_gpu)
+    return asked if asked > need and fits_gpus([*live, asked], gpus) else need
+
+
 def ran_out_of_memory(log_path: str | None, tail_bytes: int = 256 * 1024) -> bool:
     """Whether the end of a log shows an out-of-memory error."""
     if not log_path:
@@ -164,6 +182,7 @@ class Scheduler:
         self.timed_out: set[str] = set()
         self.stop_signal: int | None = None
         self._waiting_for: tuple[str, float] | None = None
+        self._asked: dict[str, float] = {}  # on a Ray cluster: the share of a GPU each live run asked Ray for
 
     # -- reporting --------------------------------------------------------------------------------
 
@@ -194,7 +213,7 @@ class Scheduler:
         """Every GPU the run takes (its plan placement; one for most runs)."""
         return self.gpus_of.get(record.name) or (record.gpu,)
 
-    def _spec(self, record: ExperimentRecord, attempt: int) -> LaunchSpec:
+    def _spec(self, record: ExperimentRecord, attempt: int, share: float | None = None) -> LaunchSpec:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         stem = str((logs / f"{record.name}.{attempt}").resolve())
@@ -227,15 +246,15 @@ class Scheduler:
             log_path=stem + ".log",
             status_path=status_path_of(stem + ".log"),
             gpu=record.gpu,
-            gpu_share=min(1.0, record.need_bytes / self.totals[record.gpu]),
+            gpu_share=share if share is not None else min(1.0, record.need_bytes / self.totals[record.gpu]),
             gpu_count=len(self._gpus(record)),
             cwd=self.options.cwd or os.getcwd(),
             gpu_total_bytes=None if self.logical else self.totals[record.gpu],
         )
 
-    def _start(self, record: ExperimentRecord) -> None:
+    def _start(self, record: ExperimentRecord, share: float | None = None) -> None:
         attempt = record.attempts + 1
-        spec = self._spec(record, attempt)
+        spec = self._spec(record, attempt, share)
         now = time.time()
         try:
             handle = self.launcher.start(spec)
@@ -293,7 +312,9 @@ class Scheduler:
         start pending runs in plan order while what they take fits the cluster's GPUs now (a node
         that joins adds its GPUs, one that dies takes them away). The first run that does not fit
         holds back the ones after it, as an earlier wave does on one machine."""
-        live = [self._cluster_share(r) for r in records if r.state == RunState.RUNNING]
+        running = [r for r in records if r.state == RunState.RUNNING]
+        live = [self._asked.get(r.name, self._cluster_share(r)) for r in running]
+        one_gpu = sum(1 for r in records if r.state in (RunState.RUNNING, RunState.PENDING) and len(self._gpus(r)) == 1)
         for r in records:
             if r.state != RunState.PENDING:
                 continue
@@ -308,8 +329,10 @@ class Scheduler:
                         "waiting for a node with GPUs to join",
                     )
                 return
-            self._start(r)
-            live.append(need)
+            asked = spread_share(need, live, one_gpu, int(cluster_gpus + 1e-9))
+            self._asked[r.name] = asked
+            self._start(r, share=asked if asked != need else None)
+            live.append(asked)
 
     def _admit(self, records: Sequence[ExperimentRecord]) -> None:
         """Start every pending run whose turn has come and whose need fits its GPU now."""
