@@ -398,6 +398,7 @@ def test_on_a_gpu_each_micro_batch_is_proved_as_it_runs_and_one_that_does_not_fi
     rows = {r.micro_batch: r for r in result.rows}
     assert sorted(rows) == [2, 4, 8], rows
     assert rows[8].status == "does not fit" and rows[8].accum_steps == 2
+    assert rows[8].note.startswith("8 x 2 does not fit the budget of 285.63 MiB"), rows[8].note
     assert rows[4].status == rows[2].status == "measured"
     # --measure auto on a GPU: timed in the process that proved them, no training process started
     assert rows[4].measured_in == rows[2].measured_in == "compile process"

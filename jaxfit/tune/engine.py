@@ -462,6 +462,13 @@ def _rows_of_setting(
         row = Row(setting.name, micro, accum, micro * accum, precision=dtype, remat=remat)
         try:
             fit = _prove(target, setting, micro, accum, largest, timed(options) if inline else options, progress)
+        except DoesNotFitError as err:  # "not even batch G fits": G is the global batch, accumulated
+            row.status, row.note = (
+                "does not fit",
+                err.what.replace(f"not even batch {micro * accum} fits", f"{micro} x {accum} does not fit", 1),
+            )
+            rows.append(row)
+            continue
         except JaxfitError as err:
             row.status, row.note = "does not fit", str(err).split(";")[0]
             rows.append(row)
