@@ -436,6 +436,7 @@ def _rows_of_setting(
             options,
             max_batch=cap,
             verify=options.verify and candidate,
+            pin=options.pin and candidate,  # an untuned program is not what runs: nothing to pin
             # only the divisors of the global batch can be micro-batches: the search asks about them alone
             batches=tuple(m for m in range(1, cap + 1) if tune.global_batch % m == 0) if tune.global_batch else None,
         )
