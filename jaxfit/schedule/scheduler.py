@@ -312,6 +312,7 @@ class Scheduler:
         start pending runs in plan order while what they take fits the cluster's GPUs now (a node
         that joins adds its GPUs, one that dies takes them away). The first run that does not fit
         holds back the ones after it, as an earlier wave does on one machine."""
+        gpus = int(cluster_gpus + 1e-9)
         running = [r for r in records if r.state == RunState.RUNNING]
         live = [self._asked.get(r.name, self._cluster_share(r)) for r in running]
         one_gpu = sum(1 for r in records if r.state in (RunState.RUNNING, RunState.PENDING) and len(self._gpus(r)) == 1)
@@ -319,7 +320,7 @@ class Scheduler:
             if r.state != RunState.PENDING:
                 continue
             need = self._cluster_share(r)
-            if not fits_gpus([*live, need], int(cluster_gpus + 1e-9)):
+            if not fits_gpus([*live, need], gpus):
                 if not live and self._waiting_for != (r.name, cluster_gpus):
                     self._waiting_for = (r.name, cluster_gpus)
                     self._event(
@@ -329,7 +330,7 @@ class Scheduler:
                         "waiting for a node with GPUs to join",
                     )
                 return
-            asked = spread_share(need, live, one_gpu, int(cluster_gpus + 1e-9))
+            asked = spread_share(need, live, one_gpu, gpus)
             self._asked[r.name] = asked
             self._start(r, share=asked if asked != need else None)
             live.append(asked)

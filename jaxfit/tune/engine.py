@@ -404,7 +404,9 @@ def _micro_batches_to_prove(tune: TuneOptions, largest: FitResult) -> list[int]:
     answer, proved by the search itself."""
     if tune.global_batch is None:
         return [largest.batch_size]
-    return micro_batches(tune.global_batch, largest.batch_size, multiple_of=largest.multiple_of, most=1 << 30)
+    return micro_batches(
+        tune.global_batch, largest.batch_size, multiple_of=largest.multiple_of, most=tune.global_batch
+    )  # every divisor: no more of them than the global batch
 
 
 def _rows_of_setting(
@@ -414,9 +416,9 @@ def _rows_of_setting(
     tune: TuneOptions,
     leader: _Leader,
     progress: Progress | None,
-    phases: dict[str, float],
-) -> tuple[list[Row], dict[tuple[int, int], FitResult]]:
-    """Fit one setting: its largest micro-batch, then each micro-batch to try; a row for each.
+) -> tuple[list[Row], dict[tuple[int, int], FitResult], float]:
+    """Fit one setting: its largest micro-batch, then each micro-batch to try; a row for each, and
+    the seconds the search for the largest took.
     With ``--measure inline`` each proof also times its program where it was compiled (dropped
     early when clearly slower than the ``leader``), and its row is measured here."""
     dtype, remat = _dtype_of(setting, target), setting.remat
@@ -441,19 +443,16 @@ def _rows_of_setting(
             batches=tuple(m for m in range(1, cap + 1) if tune.global_batch % m == 0) if tune.global_batch else None,
         )
         began = time.perf_counter()
-        try:
-            largest = fit_batch(
-                target.source(setting, 1, None),
-                timed(searched) if inline and candidate else searched,
-                progress=progress,
-            )
-        finally:
-            phases["search"] = phases.get("search", 0.0) + time.perf_counter() - began
+        largest = fit_batch(
+            target.source(setting, 1, None),
+            timed(searched) if inline and candidate else searched,
+            progress=progress,
+        )
     except DoesNotFitError as err:
         g = tune.global_batch or 1
-        return [
-            Row(setting.name, 1, g, g, fits=False, status="does not fit", note=err.what, precision=dtype, remat=remat)
-        ], {}
+        row = Row(setting.name, 1, g, g, fits=False, status="does not fit", note=err.what, precision=dtype, remat=remat)
+        return [row], {}, time.perf_counter() - began
+    search_seconds = time.perf_counter() - began
     rows, fits = [], {}
     proven = 0
     for micro in _micro_batches_to_prove(tune, largest):
@@ -504,7 +503,7 @@ def _rows_of_setting(
                 remat=remat,
             )
         )
-    return rows, fits
+    return rows, fits, search_seconds
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -724,13 +723,14 @@ def tune(
     )
     device: dict[str, Any] = {}
     leader = _Leader(tuning)
-    searched: dict[str, float] = {}  # seconds spent searching each setting's largest micro-batch
+    search_seconds = 0.0  # searching each setting's largest micro-batch
     with context:
         with shared_compile_process():  # one compile process for every setting and accumulation
             for setting in settings:
-                setting_rows, setting_fits = _rows_of_setting(
-                    target, setting, options, tuning, leader, progress, searched
+                setting_rows, setting_fits, searching = _rows_of_setting(
+                    target, setting, options, tuning, leader, progress
                 )
+                search_seconds += searching
                 rows.extend(setting_rows)
                 fits.update({(setting.name, m, a): f for (m, a), f in setting_fits.items()})
                 for f in setting_fits.values():
@@ -789,7 +789,6 @@ def tune(
         finally:
             if store is not None:
                 store.close()
-    search_seconds = searched.get("search", 0.0)
     phases = {
         "search": round(search_seconds, 2),
         "prove": round(proved - start - search_seconds, 2),
