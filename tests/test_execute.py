@@ -134,6 +134,21 @@ def test_out_of_memory_at_micro_batch_one_fails_with_a_reason(tmp_path):
     assert row["state"] == "failed" and row["attempts"] == 2 and "micro-batch 1" in row["reason"]
 
 
+def test_a_run_that_does_not_hold_the_pool_it_was_given_fails_once_with_the_reason(tmp_path):
+    """jaxfit's start-up hook compares the run's GPU pool with the one it was given before the first
+    step (``$JAXFIT_POOL_BYTES``; on a GPU the scheduler sets it). Here the queue sets it on a run
+    whose jax is on the CPU, as a run with both spellings of the fraction is: the run is stopped
+    at its first jitted call, and no retry is spent on what another attempt cannot change."""
+    _queue(tmp_path, [_fake("a", "--jit", retries=2, env={"JAXFIT_POOL_BYTES": str(3 << 30)})])
+    proc = _schedule(tmp_path, *LOGICAL, "--json", "result.json")
+    assert proc.returncode == 1, proc.stderr + proc.stdout
+    row = _result(tmp_path)["a"]
+    assert (row["state"], row["attempts"]) == ("failed", 1)
+    assert row["reason"].startswith("jax started on the CPU, not the GPU jaxfit planned for")
+    (run,) = _records(tmp_path)["a"]
+    assert "jitted" not in run  # stopped before its jitted call ran
+
+
 def test_crashes_are_retried_up_to_the_limit(tmp_path):
     _queue(tmp_path, [_fake("flaky", "--fail-times=1", retries=1), _fake("broken", "--fail-times=9", retries=2)])
     proc = _schedule(tmp_path, *LOGICAL, "--json", "result.json")

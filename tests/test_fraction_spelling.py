@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jaxfit.errors import ConfigError
-from jaxfit.fit.budget import fraction_variable, set_fraction
+from jaxfit.fit.budget import fraction_variable, overlay_environment, set_fraction
 from jaxfit.fit.compiler import child_environment
 from jaxfit.fit.options import default_mem_fraction
 from jaxfit.fit.pin import run_environment
@@ -58,3 +58,12 @@ def test_both_spellings_set_is_one_clear_error(monkeypatch):
         default_mem_fraction()
     with pytest.raises(ValueError, match="specified together"):  # what jaxlib itself says of them
         _gpu_plugin_options({NEW: "0.6", LEGACY: "0.6"}, monkeypatch)
+
+
+def test_a_run_gets_only_the_fraction_jaxfit_set_whatever_spelling_the_shell_has():
+    """jax 0.11.2 given both spellings starts on the CPU (measured on an H100): the fraction jaxfit
+    sets for a run replaces the shell's in either spelling."""
+    shell = {LEGACY: "0.9", NEW: "0.8", "PATH": "/bin"}
+    assert overlay_environment(shell, {LEGACY: "0.3"}) == {LEGACY: "0.3", "PATH": "/bin"}
+    assert overlay_environment(shell, {NEW: "0.3", "A": "1"}) == {NEW: "0.3", "PATH": "/bin", "A": "1"}
+    assert overlay_environment(shell, {"A": "1"}) == {**shell, "A": "1"}  # no fraction set: the shell's stays

@@ -276,6 +276,16 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ("env not a mapping", {"experiments": [_experiment(env=["A=1"])]}, ["env=", "not a mapping"]),
     ("env bad name", {"experiments": [_experiment(env={"1A": "x"})]}, ["env key '1A'"]),
     ("env bool", {"experiments": [_experiment(env={"FLAG": True})]}, ["env FLAG=True", "quote"]),
+    (
+        "env sets the fraction",
+        {"experiments": [_experiment(env={"XLA_CLIENT_MEM_FRACTION": 0.5})]},
+        ["env XLA_CLIENT_MEM_FRACTION is the scheduler's to set", "write fraction: 0.5 instead"],
+    ),
+    (
+        "env allocator without a limit",
+        {"experiments": [_experiment(env={"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})]},
+        ["XLA_PYTHON_CLIENT_ALLOCATOR=platform", "no cap", "remove it"],
+    ),
     ("experiment not a mapping", {"experiments": ["python x.py"]}, ["experiments[0] is str"]),
     ("no experiments key", {"gpus": 1}, ["no experiments"]),
     ("empty experiments", {"experiments": []}, ["no experiments"]),

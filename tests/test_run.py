@@ -114,6 +114,24 @@ def test_run_with_given_settings_resumes_from_the_checkpoint(tmp_path, run_cli):
     assert "done: 8 steps" in second.stdout
 
 
+def test_a_run_whose_jax_does_not_take_the_fraction_is_stopped_before_its_first_step(tmp_path, run_cli, monkeypatch):
+    """On a GPU, jaxfit run tells the start-up hook the pool it expects (fraction x the GPU's total)
+    and the run compares its allocator's limit with it before any step: here an emulated 8 GiB GPU
+    whose jax takes 0.75 whatever the variable says (a growing pool, an unread spelling)."""
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 << 30))
+    command = [sys.executable, TRAIN, "debug", "--exp-name=cap", f"--checkpoint-base-dir={tmp_path}"]
+    command += ["--no-wandb-enabled", "--num-train-steps=2", "--log-interval=1", "--overwrite"]
+    held = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", *command)
+    assert held.returncode == 0 and "done: 2 steps" in held.stdout, held.stderr[-2000:]
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_POOL", "0.75")
+    refused = run_cli("run", "--batch-size", "8", "--mem-fraction", "0.3", "--", *command)
+    assert refused.returncode == 76, refused.stderr[-2000:]
+    assert (
+        "jaxfit: error: GPU 0's pool is 6.00 GiB, which is not the memory pool jaxfit set (2.40 GiB)" in refused.stderr
+    )
+    assert "step 1/2" not in refused.stdout
+
+
 def test_run_keeps_a_global_batch_by_accumulating_micro_batches_that_fit(tmp_path, run_cli):
     """--global-batch 32 with micro-batches of at most 8 (--max-batch): the script trains at
     --batch-size=32 --grad-accum-steps=4, and that accumulated step was compiled to prove it fits."""

@@ -18,6 +18,9 @@ start-up, before the script. It waits for ``jax`` to be imported and wraps ``jax
 - **pin** (``$JAXFIT_PIN``): the train step runs the executable the fit proved, or is checked
   against the budget before its first step; any other jitted function that would update the state
   (a train step the pin does not cover) stops the process before it runs (:mod:`jaxfit_pin`);
+- **cap** (``$JAXFIT_POOL_BYTES``): at the first call of one of the script's jitted functions, every
+  GPU's allocator limit is compared with the pool jaxfit set; a process that does not hold it (a
+  pool without a limit, jax on the CPU) stops before that call runs (:mod:`jaxfit_cap`);
 - **wandb** (``$JAXFIT_WANDB_CONFIG``): the chosen settings join the config of the script's own
   ``wandb.init``.
 
@@ -45,6 +48,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 STEP_NAME = os.environ.get("JAXFIT_PROBE_STEP_NAME")
 STEP_AUTO = os.environ.get("JAXFIT_PROBE_STEP_AUTO") == "1"
 PIN = os.environ.get("JAXFIT_PIN")
+POOL = os.environ.get("JAXFIT_POOL_BYTES")
 MEASURE = os.environ.get("JAXFIT_MEASURE")
 WANDB_CONFIG = os.environ.get("JAXFIT_WANDB_CONFIG")
 HELP_CHECK = os.environ.get("JAXFIT_HELP_CHECK") == "1"
@@ -57,6 +61,7 @@ _lock = threading.Lock()
 _seen: "list[str]" = []
 _channels: "list[Any]" = []
 _owner: "list[int]" = []  # the pid this hook acts in, once claimed
+_pool_checked: "list[bool]" = []  # set once the cap has been checked in this process
 
 
 def _importable() -> None:
@@ -425,9 +430,56 @@ def _replace_jit(jax_module: Any, choose: Any) -> None:
         jitted = original(fun, *args, **kwargs)
         if _library_function(fun) or not _claim():  # a forked child shares the patched jax
             return jitted
-        return choose(jitted, fun, kwargs)
+        chosen = choose(jitted, fun, kwargs)
+        return _CapChecked(chosen) if POOL and not _pool_checked else chosen
 
     jax_module.jit = jit
+
+
+class _CapChecked:
+    """Stands in for one of the script's jitted functions until the first call of any of them has
+    checked the GPU pool against ``$JAXFIT_POOL_BYTES`` (:mod:`jaxfit_cap`); then it only passes on."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        try:
+            functools.update_wrapper(self, inner, updated=())
+        except (AttributeError, TypeError):
+            pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not _pool_checked and _claim() and not _steps().is_traced(args, kwargs):
+            _check_pool()
+        return self._inner(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _check_pool() -> None:
+    """Stop this process (exit :data:`jaxfit_cap.CAP_EXIT`) when its GPU pool is not the one jaxfit
+    set, before the call that checks it runs."""
+    with _lock:
+        if _pool_checked:
+            return
+        _pool_checked.append(True)
+    _importable()
+    import jaxfit_cap
+
+    try:
+        why = jaxfit_cap.problem(int(POOL or 0))
+    except Exception as e:  # never break the training over a check that cannot be made
+        print("jaxfit: the GPU pool could not be checked (%s: %s)" % (type(e).__name__, e), file=sys.stderr)
+        return
+    if why is None:
+        return
+    if PIN:
+        import jaxfit_pin
+
+        jaxfit_pin.write_report(None, {"program_pinned": False, "reason": why, "stopped": True, "stopped_for": "cap"})
+    print("jaxfit: error: %s; the run was stopped before its first step" % why, file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(jaxfit_cap.CAP_EXIT)
 
 
 def _patch_jax_for_help(jax_module: Any) -> None:
@@ -521,7 +573,7 @@ def _install() -> None:
     patches = {}
     if HELP_CHECK:
         patches["jax"] = _patch_jax_for_help
-    elif STEP_NAME or PIN or MEASURE:
+    elif STEP_NAME or PIN or MEASURE or POOL:
         patches["jax"] = _patch_jax
     if WANDB_CONFIG:
         patches["wandb"] = _patch_wandb

@@ -44,6 +44,18 @@ def set_fraction(env: MutableMapping[str, str], value: str) -> MutableMapping[st
     return env
 
 
+def overlay_environment(base: Mapping[str, str], added: Mapping[str, str]) -> dict[str, str]:
+    """``base`` (a process's environment) with ``added`` over it, where a fraction in ``added``
+    replaces ``base``'s in either spelling: jax 0.11.2 given both starts on the CPU (measured on an
+    H100, benchmarks/README.md section 17), so a shell's other spelling must not reach the run."""
+    env = dict(base)
+    if FRACTION_VARIABLE in added or NEW_FRACTION_VARIABLE in added:
+        env.pop(FRACTION_VARIABLE, None)
+        env.pop(NEW_FRACTION_VARIABLE, None)
+    env.update(added)
+    return env
+
+
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
 _UNITS = {

@@ -114,6 +114,7 @@ HOOK_VARIABLES = (
     "JAXFIT_PROBE_BATCH_ARG",
     "JAXFIT_PROBE_WRITES",
     "JAXFIT_HELP_CHECK",
+    "JAXFIT_POOL_BYTES",
 )
 """Variables of the start-up hook: set only for the process they are meant for, never inherited."""
 

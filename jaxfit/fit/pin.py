@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxfit._probe.jaxfit_cap import POOL_ENV
 from jaxfit._probe.jaxfit_pin import PIN_ENV, REPORT_ENV, load_pin
 from jaxfit.errors import ConfigError
 from jaxfit.fit.budget import format_bytes, fraction_variable
@@ -370,6 +371,16 @@ def read_report(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def pool_environment(mem_fraction: float, gpu_total_bytes: int | None) -> dict[str, str]:
+    """The variable that makes the start-up hook check, before the first step, that the process
+    holds the pool of ``mem_fraction`` of a GPU of ``gpu_total_bytes`` (CUDA's total as JAX counts
+    it, :func:`jaxfit.fit.devices.cuda_total_bytes`), and stop it when not
+    (:mod:`jaxfit._probe.jaxfit_cap`); nothing without a GPU."""
+    if not gpu_total_bytes:
+        return {}
+    return {POOL_ENV: str(round(float(f"{mem_fraction:g}") * gpu_total_bytes))}
 
 
 def hook_environment(pin: Pin | None, report_path: str | None) -> dict[str, str]:

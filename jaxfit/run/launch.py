@@ -15,13 +15,13 @@ from typing import Any
 from jaxfit.errors import ConfigError
 from jaxfit.files import write_json
 from jaxfit.fit import FitOptions, FitResult, fit_batch, fit_fraction
-from jaxfit.fit.budget import fraction_variable
+from jaxfit.fit.budget import fraction_variable, overlay_environment
 from jaxfit.fit.cache import default_cache_path
 from jaxfit.fit.command import batch_value, check_batch_flag, hooked_pythonpath, with_batch
 from jaxfit.fit.common import Progress
 from jaxfit.fit.compiler import HOOK_VARIABLES
 from jaxfit.fit.devices import visible_device_count
-from jaxfit.fit.pin import Pin, hook_environment, read_report
+from jaxfit.fit.pin import Pin, hook_environment, pool_environment, read_report
 from jaxfit.fit.sources import ScriptSource
 from jaxfit.run.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
 from jaxfit.run.tracking import resolve_mode
@@ -372,11 +372,13 @@ def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> RunOutcome:
     hook loads the pinned program at the step's first call (or checks the step's own against the
     budget) and reports it (:mod:`jaxfit._probe.jaxfit_pin`).
     """
-    env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
-    env.update(plan.env)
+    env = overlay_environment({k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}, plan.env)
     settings_path, report_path = _run_files(plan.settings)
     env["JAXFIT_WANDB_CONFIG"] = str(settings_path)
     env.update(hook_environment(plan.pin, str(report_path)))
+    from jaxfit.fit.devices import cuda_total_bytes
+
+    env.update(pool_environment(plan.mem_fraction, cuda_total_bytes()))  # checked before the first step
     env["PYTHONPATH"] = hooked_pythonpath()
     env["WANDB_MODE"] = resolve_mode(wandb_mode)  # offline without credentials, unless asked otherwise
     try:

@@ -42,7 +42,7 @@ from typing import Any, Literal
 import yaml
 
 from jaxfit.errors import ConfigError
-from jaxfit.fit.budget import format_bytes, parse_size
+from jaxfit.fit.budget import FRACTION_VARIABLE, NEW_FRACTION_VARIABLE, format_bytes, parse_size
 
 GpuSelection = Literal["all"] | int | tuple[int, ...]
 """Which GPUs a queue uses: ``"all"`` visible ones, the first ``N``, or these indices."""
@@ -392,6 +392,16 @@ def _parse_env(value: Any, where: str) -> Mapping[str, str]:
             env[key] = str(item)
         else:
             raise ConfigError(f'{where}: env {key}={item!r} is not a string; quote it, e.g. {key}: "1"')
+        if key in (FRACTION_VARIABLE, NEW_FRACTION_VARIABLE):
+            raise ConfigError(
+                f"{where}: env {key} is the scheduler's to set (each run's fraction is planned, and jax given both "
+                f"spellings starts on the CPU); write fraction: {env[key]} instead"
+            )
+        if key == "XLA_PYTHON_CLIENT_ALLOCATOR" and env[key].strip().lower() == "platform":
+            raise ConfigError(
+                f"{where}: env XLA_PYTHON_CLIENT_ALLOCATOR=platform gives the run an allocator without a limit, so "
+                "its fraction is no cap and runs beside it can run out of memory; remove it"
+            )
     return types.MappingProxyType(env)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxfit._probe.jaxfit_cap import CAP_EXIT
 from jaxfit._probe.jaxfit_compile_server import is_out_of_memory
 from jaxfit._probe.jaxfit_pin import GUARD_MARKER
 from jaxfit.errors import ConfigError
@@ -24,7 +25,7 @@ from jaxfit.files import write_json
 from jaxfit.fit.budget import fraction_variable
 from jaxfit.fit.command import PROBE_DIR
 from jaxfit.fit.devices import visible_entry
-from jaxfit.fit.pin import Pin, hook_environment, read_report
+from jaxfit.fit.pin import Pin, hook_environment, pool_environment, read_report
 from jaxfit.run.accumulation import next_accumulation, with_steps
 from jaxfit.run.tracking import resolve_mode
 from jaxfit.schedule import packing
@@ -109,18 +110,29 @@ def spread_share(need: float, live: Sequence[float], one_gpu_runs: int, gpus: in
     return asked if asked > need and fits_gpus([*live, asked], gpus) else need
 
 
-def ran_out_of_memory(log_path: str | None, tail_bytes: int = 256 * 1024) -> bool:
-    """Whether the end of a log shows an out-of-memory error."""
+def _log_tail(log_path: str | None, tail_bytes: int = 256 * 1024) -> str:
+    """The end of a log ("" when there is none)."""
     if not log_path:
-        return False
+        return ""
     try:
         with open(log_path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - tail_bytes))
-            text = f.read().decode("utf-8", "replace")
+            return f.read().decode("utf-8", "replace")
     except OSError:
-        return False
-    return is_out_of_memory(text) or any(marker in text for marker in LOG_OOM_MARKERS)
+        return ""
+
+
+def ran_out_of_memory(log_path: str | None) -> bool:
+    """Whether the end of a log shows an out-of-memory error."""
+    text = _log_tail(log_path)
+    return bool(text) and (is_out_of_memory(text) or any(marker in text for marker in LOG_OOM_MARKERS))
+
+
+def _log_error(log_path: str | None) -> str | None:
+    """jaxfit's last error line in a log (its start-up hook's), without the prefix."""
+    lines = [line for line in _log_tail(log_path).splitlines() if line.startswith("jaxfit: error: ")]
+    return lines[-1].removeprefix("jaxfit: error: ").strip() if lines else None
 
 
 def status_path_of(log_path: str) -> str:
@@ -235,6 +247,8 @@ class Scheduler:
             env["WANDB_RUN_GROUP"] = self.options.wandb_group
         env["WANDB_MODE"] = resolve_mode(None)  # offline without credentials; a queue's env may override
         env.update(self.env.get(record.name, {}))
+        # the run checks, before its first step, that it holds its pool and no more (jaxfit_cap)
+        env.update(pool_environment(record.mem_fraction, None if self.logical else self.totals[record.gpu]))
         pin = _pin_at(record.pin_path)
         env.update(hook_environment(pin, report_path_of(stem + ".log") if pin else None))
         command = with_steps(record.command, record.batch_size, record.grad_accum_steps)
@@ -393,6 +407,11 @@ class Scheduler:
             outcome = "lost"
             changes = dict(state=RunState.PENDING, reason="its worker or node died under it; starting it again")
             self._event("lost", name, "its worker or node died under it; starting it again (no retry spent)")
+        elif code == CAP_EXIT:  # its GPU pool is not the one it was given: another attempt would not be
+            outcome = "crashed"
+            why = _log_error(record.log_path) or "its GPU pool is not the fraction jaxfit set"
+            changes = dict(state=RunState.FAILED, ended_at=now, reason=why)
+            self._event("failed", name, f"{why} (log {record.log_path})")
         elif ran_out_of_memory(record.log_path):
             outcome = "oom"
             steps = next_accumulation(record.batch_size, record.grad_accum_steps)

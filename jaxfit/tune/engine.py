@@ -58,7 +58,7 @@ from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.compiler import HOOK_VARIABLES
 from jaxfit.fit.devices import cuda_total_bytes
 from jaxfit.fit.leftovers import cleaned, probe_environment
-from jaxfit.fit.pin import Pin, hook_environment, run_environment
+from jaxfit.fit.pin import Pin, hook_environment, pool_environment, run_environment
 from jaxfit.fit.sources import ExampleSource, ScriptSource
 from jaxfit.run.accumulation import accumulated_command
 from jaxfit.tune.peaks import peak_flops
@@ -580,6 +580,7 @@ def _measure_in(
         }
     )
     set_fraction(env, f"{fit.process_fraction:g}")  # a planned smaller card, emulated
+    env.update(pool_environment(fit.process_fraction, cuda_total_bytes()))  # checked before its first step
     if give_up is not None:
         env["JAXFIT_MEASURE_GIVE_UP"] = f"{give_up[0]},{give_up[1]!r}"
     pin = Pin.from_dict(fit.pin) if fit.pin else None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from jaxfit.errors import ConfigError
+from jaxfit.fit.budget import overlay_environment
 
 DEFAULT_GRACE_SECONDS = 10.0
 """Seconds between SIGTERM and SIGKILL when a run is stopped."""
@@ -209,8 +210,7 @@ class LocalLauncher:
         return None
 
     def start(self, spec: LaunchSpec) -> LocalHandle:
-        env = dict(os.environ)
-        env.update(spec.env)
+        env = overlay_environment(os.environ, spec.env)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(spec.status_path)

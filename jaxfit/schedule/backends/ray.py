@@ -314,6 +314,10 @@ def _make_task_function() -> Callable[..., int | dict[str, Any]]:
                 del full_env["PYTHONBREAKPOINT"]
             if not keep_omp:
                 full_env.pop("OMP_NUM_THREADS", None)
+            fraction_names = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
+            if any(name in env for name in fraction_names):  # never both spellings: jax then starts on the CPU
+                for name in fraction_names:
+                    full_env.pop(name, None)
             full_env.update(env)
             gpu_ids = ray.get_gpu_ids()
             if gpu_ids:
