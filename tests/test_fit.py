@@ -269,6 +269,20 @@ def test_a_fraction_the_compile_process_does_not_take_is_one_error_before_any_co
     assert jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options).limit_bytes == 4 << 30
 
 
+def test_an_allocator_without_a_limit_is_refused_even_for_a_stored_answer(monkeypatch, tmp_path):
+    """XLA_PYTHON_CLIENT_ALLOCATOR=platform makes no fraction a cap (on an H100 one process took the
+    whole card): no answer is given under it, not even one the cache holds, where no compile
+    process would have shown the missing limit (found on the H100: a cached fit answered)."""
+    monkeypatch.setenv("JAXFIT_CACHE_DIR", str(tmp_path))
+    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=8)
+    stored = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+    with pytest.raises(jaxfit.ConfigError, match="XLA_PYTHON_CLIENT_ALLOCATOR=platform gives JAX an allocator without"):
+        jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR")
+    assert jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options).batch_size == stored.batch_size
+
+
 def test_gpu_flow_nothing_fits_is_proved_tuned(monkeypatch):
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(256 * 1024))
     options = jaxfit.FitOptions(mem_fraction=0.5, use_cache=False)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxfit._probe.jaxfit_manifest import check as check_manifest
+from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.cache import AnswerCache
 from jaxfit.fit.devices import gpu_table
 from jaxfit.fit.options import FitOptions
@@ -66,6 +67,7 @@ def cached_answer(
     stored with it, :func:`jaxfit._probe.jaxfit_manifest.check`); otherwise ``progress`` hears a
     ``note`` saying what changed, and the script is probed again (its answer replaces this one).
     """
+    budget_mod.check_pool_environment()  # before any answer, stored or compiled
     key = answer_key(question, source)
     path = options.cache_file()
     if key is None or path is None:
