@@ -77,3 +77,22 @@ def test_peaks_come_from_the_table_or_the_flag():
     assert peak_flops("NVIDIA H200", "float32")[0] == pytest.approx(494.7e12)
     assert peak_flops("cpu", "float32")[0] is None
     assert peak_flops("cpu", "float32", 2.0) == (2e12, "--peak-tflops")
+
+
+def test_a_settings_micro_batches_stop_once_the_rate_falls():
+    """Measured largest first, a setting's micro-batches stop at the first one slower than the one
+    before it (the numbers of the H100's remat=full rows: 16 x 4, 8 x 8, 4 x 16)."""
+    from jaxfit.tune.engine import Row, _past_the_peak
+
+    def row(micro: int, rate: float | None, where: str = "compile process") -> Row:
+        r = Row("s", micro, 64 // micro, 64, status="measured", measured_in=where)
+        r.samples_per_second = rate
+        return r
+
+    a, b, c = row(16, 180.7), row(8, 188.3), row(4, 173.3)
+    assert not _past_the_peak(None, [])
+    assert not _past_the_peak(a, [a])  # one measured: nothing to compare
+    assert not _past_the_peak(b, [a, b])  # faster than the one before: go on down
+    assert _past_the_peak(c, [a, b, c])  # slower: the smaller ones are not tried
+    failed = Row("s", 32, 2, 64, status="does not fit")
+    assert _past_the_peak(c, [failed, b, c]) and not _past_the_peak(b, [failed, b])

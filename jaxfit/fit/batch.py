@@ -274,13 +274,20 @@ def _search_listed(
 ) -> tuple[SearchResult, Grid]:
     """The largest of ``listed`` that fits, searched over their positions (a monotone question on
     any ordered set), and the grid of the listed range (for the messages): a tune's divisors of
-    its global batch in two rounds of four, where the whole range takes three or four."""
+    its global batch in two rounds of four, where the whole range takes three or four; in one
+    round when ``width`` covers them all."""
 
     def by_position(positions: list[int]) -> dict[int, float]:
         got = evaluate([listed[i] for i in positions])
         return {i: got[listed[i]] for i in positions}
 
-    found = search(by_position, Grid(0, len(listed) - 1), width=width)
+    positions = Grid(0, len(listed) - 1)
+    if len(listed) <= width:  # every one in a single round (a GPU's untuned compiles overlap)
+        first = by_position(list(range(len(listed))))
+        found = search(by_position, positions, width=width, known=first)
+        found = dataclasses.replace(found, rounds=found.rounds + 1, evaluations=found.evaluations + len(listed))
+    else:
+        found = search(by_position, positions, width=width)
     answer = None if found.answer is None else listed[found.answer]
     known = {listed[i]: e for i, e in found.known.items()}
     return SearchResult(answer, found.outcome, found.rounds, found.evaluations, known), Grid(
