@@ -319,3 +319,21 @@ def test_a_search_of_listed_batches_compiles_only_them_and_answers_the_largest_t
     assert result.batch_size == 8 and result.outcome == "boundary"
     assert {c.batch_size for c in result.candidates} <= set(listed)
     assert result.rounds <= 2 and "batch 16 needs" in result.message, result.message
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_a_shared_compile_process_that_will_run_what_it_proves_holds_its_whole_pool(preallocate, monkeypatch):
+    """A compile process that times the programs it proves (jaxfit tune --measure inline) takes its
+    pool at start, as the training process does; one that only compiles lets it grow from nothing.
+    (A CPU has no pool: the variable each child starts with is what is checked.)"""
+    from helpers import process_environ
+
+    from jaxfit.fit import batch as batch_mod
+
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # a user's setting does not decide it
+    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4, use_cache=False)
+    with batch_mod.shared_compile_process(preallocate=preallocate):
+        jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
+        (child,) = batch_mod._SHARED.get().values()
+        environ = process_environ(str(child._proc.pid))
+    assert f"XLA_PYTHON_CLIENT_PREALLOCATE={'true' if preallocate else 'false'} " in environ + " "

@@ -31,36 +31,3 @@ def test_the_donated_state_is_fed_back_from_the_output_that_has_its_shapes():
     assert fed is not None and fed[0] is new_state and fed[1] is batch
     assert _fed_back([state, batch], (metrics,), donated=(0,)) is None  # no output holds the state
     assert _fed_back([state, batch], metrics, donated=()) == [state, batch]
-
-
-def test_a_step_the_compile_process_cannot_hold_is_timed_again_after_it_lets_go_of_everything_else():
-    """On an H100 the compile process ran out of memory timing a program proved to fit, after a
-    dozen other compiles (benchmarks/README.md section 15). The server then drops every other kept
-    program and jax's caches and times it once more on freshly placed arguments. A CPU has no pool
-    to run out of, so the first placement of the arguments fails as the H100's did."""
-    import io
-
-    from jaxfit._probe.jaxfit_compile_server import Server
-
-    def lower(batch):
-        return jax.jit(lambda w, x: (w * 0.5, jnp.sum(x @ w))).lower(
-            jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((batch, 8), jnp.float32)
-        )
-
-    failures = [RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB")]
-
-    def concrete(batch):
-        if failures:
-            raise failures.pop()
-        return real_arguments(
-            (jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((batch, 8), jnp.float32))
-        )
-
-    server = Server(lower, io.StringIO(), {}, concrete=concrete, donated=(0,))
-    for batch in (2, 4):
-        assert server.compile_one(batch, autotune=True)["ok"]
-    reply = server.time_step(4, warmup=1, steps=2)
-    assert reply["ok"] and reply["retried"] and len(reply["step_seconds"]) == 2
-    assert list(server._kept) == [4]  # the other program was let go; the timed one is kept for its pin
-    plain = server.time_step(4, warmup=1, steps=2)
-    assert plain["ok"] and "retried" not in plain

@@ -656,35 +656,9 @@ class Server:
         donated arguments are fed back from the outputs, as a training loop does. With ``give_up``
         ``(look, seconds per sample)``: stop after ``look`` timed calls that took more than that
         times ``batch`` each on average (``stopped_early``). Never raises."""
+        import jax
+
         start = time.perf_counter()
-        reply = self._time_step(batch, warmup, steps, give_up, start)
-        if reply.get("oom"):
-            # Everything this process still holds besides this program (other kept programs, cached
-            # functions, garbage) is let go, and it is timed once more on freshly placed arguments:
-            # the proof is for a process that holds nothing else.
-            self._let_go(batch)
-            reply = self._time_step(batch, warmup, steps, give_up, start)
-            reply["retried"] = True
-        return reply
-
-    def _let_go(self, batch: int) -> None:
-        """Drop every kept program but ``batch``'s, jax's caches and garbage."""
-        import gc
-
-        import jax
-
-        with self._kept_lock:
-            for other in [b for b in self._kept if b != batch]:
-                self._kept.pop(other, None)
-        jax.clear_caches()
-        gc.collect()
-
-    def _time_step(
-        self, batch: int, warmup: int, steps: int, give_up: "Optional[Sequence[float]]", start: float
-    ) -> Dict[str, Any]:
-        """:meth:`time_step`, once."""
-        import jax
-
         try:
             if self.concrete is None:
                 raise RuntimeError("this process cannot run the step (no real arguments)")

@@ -165,18 +165,29 @@ _SHARED: contextvars.ContextVar[dict[tuple, CompileChild] | None] = contextvars.
 )
 
 
+_PREALLOCATE: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxfit_shared_preallocate", default=False)
+
+
 @contextlib.contextmanager
-def shared_compile_process() -> Iterator[None]:
+def shared_compile_process(*, preallocate: bool = False) -> Iterator[None]:
     """While open, the fits of built-in examples and ``--entry`` workloads under the same fraction
     (and mesh) share one compile process, which switches workloads, instead of starting one each:
     ``jaxfit tune``'s settings and accumulation proofs (a start is JAX's and CUDA's, seconds each
     on a GPU). Scripts are always probed in their own process. Every shared process is stopped at
-    the end."""
+    the end.
+
+    ``preallocate``: the shared processes take their whole pool at start, as a training process
+    does, because they will run what they prove (``jaxfit tune --measure inline``). A pool that
+    grows is a set of regions, and one large temporary buffer cannot span two: on H100s a compile
+    process twice ran out of memory running gpt-small at 4 x 16 (5.15 GiB proved of 5.59 GiB), a
+    program a fresh training process runs (benchmarks/README.md section 15)."""
     pool: dict[tuple, CompileChild] = {}
     token = _SHARED.set(pool)
+    allocating = _PREALLOCATE.set(preallocate)
     try:
         yield
     finally:
+        _PREALLOCATE.reset(allocating)
         _SHARED.reset(token)
         for child in pool.values():
             child.close()
@@ -195,9 +206,16 @@ def _open_child(
         if shared is not None and shared.running:
             return shared, shared.load(source)
         pool.pop(key, None)
-    child = CompileChild(source, fraction, cache_path=cache_path, start_timeout=options.start_timeout)
+    pooled = pool is not None and not isinstance(source, ScriptSource)
+    child = CompileChild(
+        source,
+        fraction,
+        cache_path=cache_path,
+        start_timeout=options.start_timeout,
+        preallocate=pooled and _PREALLOCATE.get(),
+    )
     info = child.start()
-    if pool is not None and not isinstance(source, ScriptSource):
+    if pool is not None and pooled:
         pool[key] = child
     return child, info
 

@@ -174,6 +174,8 @@ class CompileChild:
       cache_path: The SQLite compile cache, or ``None`` to compile everything afresh.
       start_timeout: Seconds to wait for JAX to start and the workload to build.
       python: The interpreter to run the child with.
+      preallocate: Take the whole pool at start, as a training process does (a child that will
+        run what it proves: :func:`jaxfit.fit.batch.shared_compile_process`); else it grows.
     """
 
     def __init__(
@@ -184,8 +186,10 @@ class CompileChild:
         cache_path: str | None = None,
         start_timeout: float = 900.0,
         python: str = sys.executable,
+        preallocate: bool = False,
     ) -> None:
         self.source = source
+        self.preallocate = preallocate
         self.probing = isinstance(source, ScriptSource)
         self.mem_fraction = mem_fraction
         self.cache_path = cache_path
@@ -224,6 +228,8 @@ class CompileChild:
         extra = dict(extra, JAXFIT_REPLY_FD=str(reply_w), JAXFIT_REQUEST_FD=str(request_r))
         if self.cache_path:
             extra["JAXFIT_COMPILE_CACHE"] = self.cache_path
+        if self.preallocate:
+            extra["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
         try:
             self._proc = subprocess.Popen(
                 argv,

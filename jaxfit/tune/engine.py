@@ -755,8 +755,11 @@ def tune(
     device: dict[str, Any] = {}
     leader = _Leader(tuning)
     search_seconds = 0.0  # searching each setting's largest micro-batch
+    # Timed where they are proved: the compile process holds its whole pool from the start, as
+    # the training process would (a pool that grows can fail a program that fits).
+    preallocate = tuning.measure == "inline" and cuda_total_bytes() is not None
     with context:
-        with shared_compile_process():  # one compile process for every setting and accumulation
+        with shared_compile_process(preallocate=preallocate):  # one compile process for every setting and accumulation
             for setting in settings:
                 setting_rows, setting_fits, searching = _rows_of_setting(
                     target, setting, options, tuning, leader, progress
