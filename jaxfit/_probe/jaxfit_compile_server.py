@@ -772,8 +772,7 @@ def real_arguments(abstract: Any, seed: int = 0) -> Any:
             continue
         dtype = leaf.dtype
         # Made on the host and placed whole, one after another: no device temporaries between
-        # them (a float32 draw cast on the device leaves holes in the pool that a step's one large
-        # temporary buffer cannot use; a fresh training process initialises on the device in one go).
+        # them in the pool the step then runs in.
         value: Any
         if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
             value = jax.random.split(jax.random.fold_in(key, n), max(1, int(np.prod(leaf.shape))))

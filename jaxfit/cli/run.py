@@ -29,6 +29,8 @@ def run_command(
     run with the fraction in its environment and the batch flag set (replaced or added); its output
     streams through, Ctrl-C and SIGTERM are forwarded, and its exit code is jaxfit's. The chosen
     settings reach the script's own wandb run as config key `jaxfit`, without editing the script.
+    Before the first step the run stops (exit 75) when its own step does not fit the proven budget,
+    and (exit 76) when its GPU pool is not the fraction it was given (an allocator without a limit).
     With --batch-size B and --mem-fraction F nothing is fitted; with --batch-size alone, the
     smallest fraction for B is fitted.
 
