@@ -90,12 +90,12 @@ def test_a_settings_micro_batches_stop_once_the_rate_falls():
         return r
 
     a, b, c = row(16, 180.7), row(8, 188.3), row(4, 173.3)
-    assert not _past_the_peak(None, [])
-    assert not _past_the_peak(a, [a])  # one measured: nothing to compare
-    assert not _past_the_peak(b, [a, b])  # faster than the one before: go on down
-    assert _past_the_peak(c, [a, b, c])  # slower: the smaller ones are not tried
+    assert _past_the_peak([]) is None
+    assert _past_the_peak([a]) is None  # one measured: nothing to compare
+    assert _past_the_peak([a, b]) is None  # faster than the one before: go on down
+    assert _past_the_peak([a, b, c]) is c  # slower: the smaller ones are not tried
     failed = Row("s", 32, 2, 64, status="does not fit")
-    assert _past_the_peak(c, [failed, b, c]) and not _past_the_peak(b, [failed, b])
+    assert _past_the_peak([failed, b, c]) is c and _past_the_peak([failed, b]) is None
 
 
 def test_the_flops_of_a_step_come_from_the_search_s_untuned_compile_before_the_proof_s():

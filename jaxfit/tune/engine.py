@@ -466,16 +466,16 @@ def _rows_of_setting(
     rows: list[Row] = []
     fits: dict[tuple[int, int], FitResult] = {}
     proven = 0
-    above: Row | None = None  # the last micro-batch of this setting measured inline
     for micro in _micro_batches_to_prove(tune, largest):
         if proven >= tune.micro_batches:
             break
-        if inline and above is not None and _past_the_peak(above, rows):
+        slower = _past_the_peak(rows) if inline else None
+        if slower is not None:
             notify(
                 progress,
                 "note",
-                text=f"tune: {setting.name}: {above.micro_batch} x {above.accum_steps} ran slower than the micro-batch "
-                "above it; smaller ones are not tried",
+                text=f"tune: {setting.name}: {slower.micro_batch} x {slower.accum_steps} ran slower than the "
+                "micro-batch above it; smaller ones are not tried",
             )
             break
         accum = (tune.global_batch or micro) // micro
@@ -508,7 +508,6 @@ def _rows_of_setting(
             else:
                 row.measured_in = "compile process"
                 leader.record(row)
-                above = row
         rows.append(row)
         fits[(micro, accum)] = fit
     if not rows:
@@ -527,17 +526,18 @@ def _rows_of_setting(
     return rows, fits, search_seconds
 
 
-def _past_the_peak(last: Row | None, rows: Sequence[Row]) -> bool:
-    """Whether a setting's micro-batches, measured largest first, have passed their fastest: the
-    last one measured ran slower than the one measured before it. The rate of a fixed global batch
-    rises as the micro-batch shrinks away from the memory limit (more room for the compiler) and
-    falls once it is too small to fill the device, so the smaller ones are not proved or measured
-    (on an H100, gpt-small bf16: remat none 4 x 16 197 samples/s, 2 x 32 175, 1 x 64 154)."""
-    if last is None or not last.samples_per_second:
-        return False
+def _past_the_peak(rows: Sequence[Row]) -> Row | None:
+    """The micro-batch of a setting that shows its micro-batches, measured largest first, have
+    passed their fastest: the last one measured (inline) when it ran slower than the one measured
+    before it; else None. The rate of a fixed global batch rises as the micro-batch shrinks away
+    from the memory limit (more room for the compiler) and falls once it is too small to fill the
+    device, so the smaller ones are not proved or measured (on an H100, gpt-small bf16: remat none
+    4 x 16 197 samples/s, 2 x 32 175, 1 x 64 154)."""
     measured = [r for r in rows if r.samples_per_second and r.measured_in == "compile process"]
-    before = measured[-2] if len(measured) >= 2 and measured[-1] is last else None
-    return before is not None and last.samples_per_second < (before.samples_per_second or 0)
+    if len(measured) < 2:
+        return None
+    before, last = measured[-2], measured[-1]
+    return last if (last.samples_per_second or 0) < (before.samples_per_second or 0) else None
 
 
 # -- measuring ------------------------------------------------------------------------------------
