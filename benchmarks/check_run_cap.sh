@@ -12,16 +12,9 @@
 # Writes $OUT/cases.jsonl and the logs; prints a table.
 set -uo pipefail
 OUT=${OUT:-/tmp/run-cap}
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-cd "$REPO" || exit 2
-if [ -d .whl ] && ! python3 -c "import tyro, wandb" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-fi
-export PYTHONPATH=/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
+. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
 export JAXFIT_CACHE_DIR=/tmp/run-cap-cache WANDB_MODE=disabled
 unset XLA_PYTHON_CLIENT_MEM_FRACTION XLA_CLIENT_MEM_FRACTION XLA_PYTHON_CLIENT_ALLOCATOR
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 TOTAL=$(python3 -c "
 import os; os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION']='1.0'; os.environ['XLA_PYTHON_CLIENT_PREALLOCATE']='false'
 import jax; print(jax.devices()[0].memory_stats()['bytes_limit'])")

@@ -6,14 +6,7 @@
 #   OUT=$OUT bash benchmarks/tune_check_x1.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/tune-x1}
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-cd "$REPO" || exit 2
-if [ -d .whl ] && ! python3 -c "import tyro, wandb" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-fi
-export PYTHONPATH=/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
 gpt=(run --example gpt-small --global-batch 64 --fraction 0.0706 --precision bfloat16)
 vit=(run --example vit-small --global-batch 128 --fraction 0.03 --precision float32)
 # Every step ends by LIMIT_S (default 540 s), so the archive is always made inside the call's limit

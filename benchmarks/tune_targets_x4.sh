@@ -15,14 +15,7 @@ OUT=${OUT:-/tmp/tune-targets}
 LIMIT=${LIMIT_S:-565}
 VIT_GLOBAL=${VIT_GLOBAL:-128}
 VIT_FRACTION=${VIT_FRACTION:-0.03}
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-cd "$REPO" || exit 2
-if [ -d .whl ] && ! python3 -c "import tyro, wandb" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-fi
-export PYTHONPATH=/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
 gpt=(run --example gpt-small --global-batch 64 --fraction 0.0706 --precision bfloat16 --remat none,full)
 vit=(run --example vit-small --global-batch "$VIT_GLOBAL" --fraction "$VIT_FRACTION" --precision float32 --remat none,full)
 START=$SECONDS

@@ -17,14 +17,7 @@ FRACTION=${3:-0.0706}
 PRECISION=${4:-bfloat16}
 OUT=${OUT:-/tmp/tune-x4}
 LIMIT=${LIMIT_S:-560}
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-cd "$REPO" || exit 2
-if [ -d .whl ] && ! python3 -c "import tyro, wandb" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
-fi
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
 common=(run --example "$EXAMPLE" --global-batch "$GLOBAL" --fraction "$FRACTION" --precision "$PRECISION")
 side() {  # GPU NAME ARGS...
   local gpu=$1 name=$2
