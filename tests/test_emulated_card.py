@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
-from helpers import REPO
+import pytest
+from helpers import FIXTURES, REPO
 
 from jaxfit.fit import FitOptions, FitResult
 from jaxfit.run.launch import _plan
@@ -47,3 +51,71 @@ def test_run_plan_runs_under_the_emulated_cards_limit() -> None:
     assert plan.mem_fraction == fit.process_fraction
     assert plan.settings["card_mem_fraction"] == 0.9
     assert "of the planned card" in plan.summary()
+
+
+H100_CUDA_TOTAL = 85_018_542_080  # what JAX's allocator counts on an H100 80GB HBM3 (79.18 GiB)
+
+
+def test_a_card_a_little_larger_than_the_gpu_runs_under_that_cards_limit() -> None:
+    """An 80 GiB card planned on an H100 (79.18 GiB as JAX counts it): the fit compiled under 0.9 x
+    80 GiB = 72.00 GiB, so the run gets 72.00 GiB (0.909 of the H100), not 0.9 of the H100 (71.26
+    GiB): under that, pi0-FAST's and pi0.5's proven programs (71.54 and 71.99 GiB) ran out of
+    memory in their first step on four H100s."""
+    path = REPO / "benchmarks/results/h100x4/openpi/call3/pi05_libero-80GiB-gpu1-run.json"
+    fit = FitResult.from_dict(json.loads(path.read_text())["fit"])
+    assert fit.device["total_bytes"] == 80 * GIB and fit.device["gpu_total_bytes"] == H100_CUDA_TOTAL
+    here = fit.process_fraction
+    assert here > 0.9 and abs(here * H100_CUDA_TOTAL - 0.9 * 80 * GIB) < 1 << 20
+    assert fit.peak_bytes <= here * H100_CUDA_TOTAL  # the proven program fits the pool it gets
+    plan = _plan(["python", "train.py", "--batch-size=40"], 0.9, 40, fit, FitOptions(), "--grad-accum-steps")
+    assert plan.mem_fraction == here and plan.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == f"{here:g}"
+
+
+def test_a_plain_run_on_a_card_of_another_size_gets_that_cards_limit_or_one_line(monkeypatch) -> None:
+    """``jaxfit run --batch-size N --device-memory CARD``: nothing fitted, the same rule: the limit of
+    that card, as long as this GPU holds it."""
+    from jaxfit.errors import ConfigError
+
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(H100_CUDA_TOTAL))
+    command = ["python", "train.py", "--batch-size=41"]
+    larger = _plan(command, 0.9, 41, None, FitOptions(device_memory_bytes=80 * GIB), "--grad-accum-steps")
+    assert abs(larger.mem_fraction * H100_CUDA_TOTAL - 0.9 * 80 * GIB) < 1 << 20
+    smaller = _plan(command, 0.9, 41, None, FitOptions(device_memory_bytes=48 * GIB), "--grad-accum-steps")
+    assert 0.54 < smaller.mem_fraction < 0.56
+    with pytest.raises(ConfigError, match=r"--device-memory 96.00 GiB at fraction 0.9 needs more than this GPU's"):
+        _plan(command, 0.9, 41, None, FitOptions(device_memory_bytes=96 * GIB), "--grad-accum-steps")
+
+
+@pytest.mark.slow
+def test_a_proven_program_is_not_started_in_a_pool_smaller_than_its_peak(tmp_path, run_cli, monkeypatch) -> None:
+    """On an emulated 64 MiB GPU: ``jaxfit run`` of a 70 MiB card at 0.9 (a card a little larger
+    than the GPU) runs the proven program under that card's limit; the same pinned program started
+    by hand under a smaller fraction (a pasted line, an edited fraction) is stopped before its
+    first step with one line, instead of running out of memory in it."""
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(64 << 20))
+    command = [sys.executable, str(FIXTURES / "shaped_train.py"), "--steps", "2"]
+    proc = run_cli(
+        "run", "--device-memory", "70MiB", "--mem-fraction", "0.9", "--json", "plan.json", "--wandb-mode",
+        "disabled", "--", *command,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["mem_fraction"] == 0.984375  # 0.9 x 70 / 64
+    assert plan["run"]["program_pinned"] is True, plan["run"]
+
+    fit = plan["fit"]
+    low = 0.5 * fit["peak_bytes"] / (64 << 20)  # a pool of half the proven peak
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_")}
+    env.update(fit["env"], XLA_PYTHON_CLIENT_MEM_FRACTION=f"{low:.4f}", JAXFIT_EMULATE_GPU_TOTAL=str(64 << 20))
+    env["JAXFIT_PIN_REPORT"] = str(tmp_path / "report.json")
+    by_hand = subprocess.run(
+        [*command, f"--batch-size={fit['batch_size']}"], capture_output=True, text=True, env=env, cwd=tmp_path,
+        timeout=300,
+    )  # fmt: skip
+    assert by_hand.returncode == 76, by_hand.stderr[-3000:]
+    lines = [line for line in by_hand.stderr.splitlines() if line.startswith("jaxfit: error:")]
+    assert len(lines) == 1 and "smaller than the proven program's peak" in lines[0], by_hand.stderr[-2000:]
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.984375 on this GPU" in lines[0]
+    assert "Traceback" not in by_hand.stderr and "step 0" not in by_hand.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stopped"] is True and report["stopped_for"] == "cap" and report["program_pinned"] is False

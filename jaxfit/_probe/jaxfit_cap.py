@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import List, Optional, Tuple
 
 POOL_ENV = "JAXFIT_POOL_BYTES"
 CAP_EXIT = 76
@@ -34,6 +34,8 @@ GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def _format_bytes(n: float) -> str:
+    if n < 1 << 30:
+        return "%.1f MiB" % (n / (1 << 20))
     return "%.2f GiB" % (n / (1 << 30))
 
 
@@ -52,38 +54,82 @@ def _emulated_limit() -> Optional[int]:
     return int(limit) if limit is not None else None
 
 
-def problem(expected: int) -> Optional[str]:
-    """Why this process's GPU pools are not ``expected`` bytes each, or None when they are."""
+def pool_limits() -> Tuple[List[Tuple[int, int]], Optional[str]]:
+    """Each local GPU's allocator limit as ``(device id, bytes)``, and why there are none when
+    there are none (jax on the CPU, an allocator without a limit)."""
     import jax
 
     devices = jax.local_devices()
     if devices and devices[0].platform == "cpu":
         emulated = _emulated_limit()
         if emulated is not None:
-            limits = [(0, emulated)]
-        else:
-            return (
-                "jax started on the CPU, not the GPU jaxfit planned for (both XLA_CLIENT_MEM_FRACTION and "
-                "XLA_PYTHON_CLIENT_MEM_FRACTION set? JAX_PLATFORMS=cpu? a jax without CUDA?); unset the "
-                "variable jaxfit did not set"
+            return [(0, emulated)], None
+        return [], (
+            "jax started on the CPU, not the GPU jaxfit planned for (both XLA_CLIENT_MEM_FRACTION and "
+            "XLA_PYTHON_CLIENT_MEM_FRACTION set? JAX_PLATFORMS=cpu? a jax without CUDA?); unset the "
+            "variable jaxfit did not set"
+        )
+    limits = []
+    for device in devices:
+        if device.platform not in GPU_PLATFORMS:
+            continue
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:  # some backends raise instead of returning None
+            stats = {}
+        limit = stats.get("bytes_limit")
+        if limit is None:
+            return [], (
+                "GPU %d's allocator has no limit, so the fraction is no cap (XLA_PYTHON_CLIENT_ALLOCATOR=%s); "
+                "unset XLA_PYTHON_CLIENT_ALLOCATOR" % (device.id, os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "?"))
             )
-    else:
-        limits = []
-        for device in devices:
-            if device.platform not in GPU_PLATFORMS:
-                continue
+        limits.append((device.id, int(limit)))
+    return limits, None
+
+
+def _fraction_set() -> Tuple[str, float]:
+    """The fraction variable this process was given, and its value (jax's default 0.75 without one)."""
+    for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        value = os.environ.get(name)
+        if value:
             try:
-                stats = device.memory_stats() or {}
-            except Exception:  # some backends raise instead of returning None
-                stats = {}
-            limit = stats.get("bytes_limit")
-            if limit is None:
-                return (
-                    "GPU %d's allocator has no limit, so the fraction is no cap (XLA_PYTHON_CLIENT_ALLOCATOR=%s); "
-                    "unset XLA_PYTHON_CLIENT_ALLOCATOR"
-                    % (device.id, os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "?"))
-                )
-            limits.append((device.id, int(limit)))
+                return name, float(value)
+            except ValueError:
+                pass
+    return "XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75
+
+
+def short_of(peak: int, budget: Optional[int]) -> Optional[str]:
+    """Why a program of ``peak`` bytes per device cannot run in this process's GPU pool (a pool
+    smaller than the peak), or None when it can or no pool can be read. ``budget``: the limit
+    the program was proved under, which the advice asks for."""
+    limits, _why = pool_limits()
+    if not limits:
+        return None
+    device_id, limit = min(limits, key=lambda pair: pair[1])
+    if limit >= peak:
+        return None
+    name, fraction = _fraction_set()
+    want = budget or peak
+    advice = ""
+    if fraction > 0:
+        total = limit / fraction
+        advice = "; the proof's %s budget is %s=%.6g on this GPU" % (_format_bytes(want), name, want / total)
+    return "GPU %d's pool is %s (%s=%g), smaller than the proven program's peak of %s%s" % (
+        device_id,
+        _format_bytes(limit),
+        name,
+        fraction,
+        _format_bytes(peak),
+        advice,
+    )
+
+
+def problem(expected: int) -> Optional[str]:
+    """Why this process's GPU pools are not ``expected`` bytes each, or None when they are."""
+    limits, why = pool_limits()
+    if why is not None:
+        return why
     for device_id, limit in limits:
         if abs(limit - expected) > TOLERANCE * expected + SLACK_BYTES:
             return (

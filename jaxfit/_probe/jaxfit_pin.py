@@ -147,6 +147,32 @@ def _check_whole(pin: Dict[str, Any], payload: bytes) -> None:
         raise ValueError("its SHA-256 differs from the one the fit wrote")
 
 
+def _stop_if_the_pool_is_short(pin: Dict[str, Any], record: Any) -> None:
+    """Stop this process (exit ``jaxfit_cap.CAP_EXIT``, one line) before the proven program's first
+    step when this process's GPU pool is smaller than that program's peak: it would run out of
+    memory in that step. Found on an H100: an 80 GiB card's proof (limit 72.00 GiB) run under 0.9
+    of the GPU's 79.18 GiB (71.26 GiB) ran out of memory in pi0-FAST's and pi0.5's first steps. A
+    pasted line run on another GPU, or with its fraction edited, would do the same."""
+    import jaxfit_cap
+
+    try:
+        why = jaxfit_cap.short_of(int(pin["peak_bytes"]), pin.get("limit_bytes") or pin.get("budget_bytes"))
+    except Exception:  # never break the training over the check
+        return
+    if why is None:
+        return
+    record(pinned=False, peak=int(pin["peak_bytes"]), reason=why, stopped=True)
+    write_report(None, {"stopped_for": "cap"})
+    print(
+        "jaxfit: error: %s; the run was stopped before its first step instead of running out of memory in it: "
+        "run it with that fraction (jaxfit run sets it)" % why,
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stderr.flush()
+    os._exit(jaxfit_cap.CAP_EXIT)
+
+
 class PinnedStep:
     """Stands in for the script's jitted train step (see the module docstring).
 
@@ -265,6 +291,7 @@ class PinnedStep:
             except Exception as e:  # a truncated or foreign file: compile as usual, checked
                 reason = "the pinned executable could not be loaded (%s: %s)" % (type(e).__name__, _first_line(e))
             else:
+                _stop_if_the_pool_is_short(pin, self._record)
                 self._record(pinned=True, peak=int(pin["peak_bytes"]), reason=None)
                 print(
                     "jaxfit: the train step runs the program jaxfit proved (peak %s of a %s budget, batch %s)"

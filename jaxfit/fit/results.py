@@ -170,11 +170,15 @@ class FitResult:
     @property
     def process_fraction(self) -> float:
         """The ``XLA_PYTHON_CLIENT_MEM_FRACTION`` that gives this answer's limit on the GPU that fitted
-        it: ``mem_fraction``, except for a smaller card planned with ``--device-memory`` (0.9 of a
-        48 GiB card is 0.54 of an 80 GiB GPU), which ``jaxfit run`` emulates on the larger GPU."""
+        it: ``mem_fraction``, except for a card planned with ``--device-memory`` that is not this
+        GPU's size: 0.9 of a 48 GiB card is 0.54 of an 80 GiB GPU, and 0.9 of an 80 GiB card is
+        0.909 of an H100, whose CUDA total is 79.18 GiB (the fit compiled under that card's limit,
+        so the run gets that limit: 0.9 of this GPU would be 0.74 GiB less than the proof's, and
+        pi0-FAST's and pi0.5's proven programs ran out of memory in their first step under it,
+        benchmarks/README.md section 19)."""
         gpu = self.device.get("gpu_total_bytes")
         card = self.device.get("total_bytes")
-        if not gpu or not card or card >= gpu:
+        if not gpu or not card or card == gpu:
             return self.mem_fraction
         return float(f"{self.mem_fraction * card / gpu:.6g}")
 

@@ -67,7 +67,7 @@ class RunPlan:
         else:
             pinned = "; not pinned: nothing was fitted"
         card = self.settings.get("card_mem_fraction")
-        emulated = f" (fraction {card:g} of the planned card, on this larger GPU)" if card is not None else ""
+        emulated = f" (fraction {card:g} of the planned card, on this GPU)" if card is not None else ""
         return (
             f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}{emulated}, batch {self.batch_size}{accumulated} ({how}"
             + (
@@ -240,9 +240,10 @@ def _plan_accumulated(
 def _plan(
     command: list[str], fraction: float, batch: int, fit: FitResult | None, options: FitOptions, accum_flag: str
 ) -> RunPlan:
-    """The plan of ``command`` at ``fraction`` of the card: on a GPU larger than a card planned with
-    ``--device-memory``, the process runs under the fraction of this GPU that gives that card's
-    limit (0.9 of 48 GiB is 0.54 of an 80 GiB GPU), so a run here is the run on that card."""
+    """The plan of ``command`` at ``fraction`` of the card: on a GPU of another size than a card
+    planned with ``--device-memory``, the process runs under the fraction of this GPU that gives
+    that card's limit (0.9 of 48 GiB is 0.54 of an 80 GiB GPU; 0.9 of 80 GiB is 0.909 of an H100's
+    79.18 GiB), so a run here is the run on that card, as long as this GPU holds that limit."""
     settings = run_settings(fit, fraction, batch, command, accum_flag)
     here = fraction
     if fit is not None:
@@ -251,14 +252,15 @@ def _plan(
         from jaxfit.fit.devices import cuda_total_bytes
 
         total = cuda_total_bytes()  # what the fraction is a share of, as the fit would have read it
-        if total and options.device_memory_bytes > total:
+        if total and fraction * options.device_memory_bytes > total:
             from jaxfit.fit.budget import format_bytes
 
             raise ConfigError(
-                f"--device-memory {format_bytes(options.device_memory_bytes)} is larger than this GPU's "
-                f"{format_bytes(total)}; a run here cannot stand for that card"
+                f"--device-memory {format_bytes(options.device_memory_bytes)} at fraction {fraction:g} needs more "
+                f"than this GPU's {format_bytes(total)}; a run here cannot stand for that card: lower the fraction "
+                "or run on a larger GPU"
             )
-        if total and options.device_memory_bytes < total:
+        if total and options.device_memory_bytes != total:  # that card's limit, on this GPU
             here = float(f"{fraction * options.device_memory_bytes / total:.6g}")
     if here != fraction:
         settings.update(card_mem_fraction=fraction, process_mem_fraction=here, mem_fraction=here)
@@ -296,7 +298,8 @@ class RunOutcome:
       step_calls: How often the training loop called it (counted to 2: ``step_repeated``).
       step_repeated: Whether the loop called it more than once.
       other_train_steps: Other functions that were about to update the state (the run stopped).
-      stopped_for: ``budget`` (its own program over the budget) or ``step`` (another train step).
+      stopped_for: ``budget`` (its own program over the budget), ``step`` (another train step) or
+        ``cap`` (its GPU pool is not the one jaxfit set, or is smaller than the proven program's peak).
     """
 
     exit_code: int
@@ -327,6 +330,8 @@ class RunOutcome:
             return f"the train step{step} ran the proven program (peak {format_bytes(self.pinned_peak_bytes)}{calls})"
         if self.stopped and self.stopped_for == "step":
             return f"stopped before it trained unchecked: {self.reason}"
+        if self.stopped and self.stopped_for == "cap":
+            return f"stopped before its first step: {self.reason}"
         if self.stopped:
             return (
                 f"stopped before its first step: its own program needs {format_bytes(self.program_peak_bytes)}, "
