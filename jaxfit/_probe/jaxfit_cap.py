@@ -112,7 +112,7 @@ def short_of(peak: int, budget: Optional[int]) -> Optional[str]:
     name, fraction = _fraction_set()
     want = budget or peak
     advice = ""
-    if fraction > 0:
+    if fraction >= 0.05:  # a tiny pool is rounded (2.0 MiB at 1.9e-05 of an H100): no total to read from it
         total = limit / fraction
         advice = "; the proof's %s budget is %s=%.6g on this GPU" % (_format_bytes(want), name, want / total)
     return "GPU %d's pool is %s (%s=%g), smaller than the proven program's peak of %s%s" % (
