@@ -3,6 +3,7 @@ cell a real probe of the script with its devices (host devices here) and its FSD
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -187,3 +188,6 @@ def test_the_requirements_page_says_what_to_change_from_the_plans_own_numbers():
     page = requirements_page(result, what="train.py pi0", command=["jaxfit", "plan"], when=0)
     assert "| 48GB (48.00 GiB) | does not fit | **20** (40.00 GiB) |" in page
     assert "1970-01-01 00:00 UTC" in page and "train step `train_step`" in page
+    assert "**Nominal sizes** (48GB, 80GB): a real card gives JAX less than its name says" in page
+    measured = PlanResult("pi0", 0.9, "NVIDIA H100 80GB HBM3", [dataclasses.replace(fits, card="H100")], 1.0, {})
+    assert "Nominal sizes" not in requirements_page(measured, what="train.py pi0", command=["jaxfit"], when=0)

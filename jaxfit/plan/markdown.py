@@ -108,6 +108,24 @@ def _platform_note(result: PlanResult) -> list[str]:
     return [*out, ""] if out else []
 
 
+def _nominal_note(result: PlanResult) -> list[str]:
+    """A warning when a card is planned at its nominal size: a real card gives JAX less."""
+    from jaxfit.plan.whatif import DEFAULT_CARDS
+
+    nominal = {c.name for c in DEFAULT_CARDS}
+    named = sorted({c.card for c in result.cells if c.card in nominal}, key=lambda n: int(n[:-2]))
+    if not named:
+        return []
+    return [
+        f"**Nominal sizes** ({', '.join(named)}): a real card gives JAX less than its name says. An H100 80GB "
+        "gives 79.18 GiB, so 0.9 of it is 0.74 GiB less than 0.9 of 80 GiB, and an answer with less "
+        "headroom than that does not fit the real card. jaxfit fits your own card itself (`jaxfit run` "
+        "without `--device-memory`); plan `--card H100` (measured) or `--card NAME=SIZE` with what your "
+        "card gives JAX.",
+        "",
+    ]
+
+
 def _breakdown_rows(cell: Cell) -> list[str]:
     rows = [
         f"| {name}{' (estimate)' if name in ('gradients', 'activations and workspace') else ''} | "
@@ -136,6 +154,7 @@ def requirements_page(result: PlanResult, *, what: str, command: Sequence[str], 
         f"`{step}` ({chosen}), per device, under the limit each card gives at "
         f"XLA_PYTHON_CLIENT_MEM_FRACTION={result.mem_fraction:g}; nothing was run. Cards are read as GiB.",
         "",
+        *_nominal_note(result),
         *_platform_note(result),
         f"## Largest batch per card (fraction {result.mem_fraction:g})",
         "",
