@@ -119,3 +119,22 @@ def test_a_proven_program_is_not_started_in_a_pool_smaller_than_its_peak(tmp_pat
     assert "Traceback" not in by_hand.stderr and "step 0" not in by_hand.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["stopped"] is True and report["stopped_for"] == "cap" and report["program_pinned"] is False
+
+
+def test_the_smallest_fraction_of_a_card_a_little_larger_than_the_gpu_is_searched_up_to_what_the_gpu_holds(
+    monkeypatch,
+) -> None:
+    """``fit --batch-size N --device-memory CARD`` for a card larger than this GPU used to be refused;
+    now the fractions of the card the GPU can give are searched (0.88 of a 9 MiB card on an 8 MiB
+    GPU), and a batch that needs more says so in one error."""
+    import jaxfit
+
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 << 20))
+    options = FitOptions(device_memory_bytes=9 << 20, use_cache=False)
+    found = jaxfit.fit_fraction(jaxfit.example_source("mlp-tiny"), 1024, options)
+    assert found.limit_bytes == int(found.mem_fraction * (9 << 20)) and found.peak_bytes <= found.budget_bytes
+    assert found.process_fraction == float(f"{found.mem_fraction * 9 / 8:.6g}")  # that limit, on this GPU
+    with pytest.raises(
+        jaxfit.DoesNotFitError, match=r"does not fit even fraction 0.88 of the card .* the most this GPU"
+    ):
+        jaxfit.fit_fraction(jaxfit.example_source("mlp-tiny"), 2048, options)

@@ -49,6 +49,7 @@ def search_fraction(
     total: int,
     headroom: int,
     whole_device: float | None = None,
+    highest: int = FRACTION_STEPS,
 ) -> SearchResult:
     """The smallest fraction that fits, in hundredths, searched as ``x = -units`` (so that "the
     largest x that fits" is the smallest fraction): the estimate and a point below it, up to
@@ -63,11 +64,13 @@ def search_fraction(
       total: The device's bytes.
       headroom: Bytes kept free under the limit.
       whole_device: The excess under the whole device, when that compile counts as a search point.
+      highest: The largest fraction this GPU can give (hundredths of ``total``): below 100 for a
+        card planned a little larger than the GPU (98 for 80 GiB on an H100's 79.18).
     """
-    grid = Grid(-FRACTION_STEPS, -lowest, 1)
+    grid = Grid(-highest, -lowest, 1)
     known = evaluate(sorted({-estimate, -((lowest + estimate) // 2)}))
     if whole_device is not None:
-        known.setdefault(-FRACTION_STEPS, whole_device)
+        known.setdefault(-highest, whole_device)
     for _ in range(AIMED_ROUNDS):
         aimed = aimed_units(known, peaks(), total, headroom)
         if not aimed:
@@ -147,9 +150,12 @@ def fit_fraction(
         assert info is not None
         gpu_total = int(info.bytes_limit) if info.limit_sensitive and info.bytes_limit else None
         total = options.device_memory_bytes or gpu_total or info.host_memory_bytes
-        if gpu_total and total > gpu_total:
+        # A card a little larger than this GPU (80 GiB on an H100's 79.18): only the fractions of it
+        # this GPU can give are searched.
+        highest = min(FRACTION_STEPS, math.floor(FRACTION_STEPS * gpu_total / total)) if gpu_total else FRACTION_STEPS
+        if highest < 1:
             raise ConfigError(
-                f"--device-memory {budget_mod.format_bytes(total)} is larger than this GPU's "
+                f"--device-memory {budget_mod.format_bytes(total)} is more than 100 times this GPU's "
                 f"{budget_mod.format_bytes(gpu_total)}; plan on a larger GPU"
             )
         device_count, mesh = mesh_facts(child.workload_info, info)
@@ -187,16 +193,22 @@ def fit_fraction(
     def limit_of(units: int) -> int:
         return int(total * units / FRACTION_STEPS)
 
-    if full.memory is None or full.memory.peak_bytes + options.headroom_bytes > total:
+    if full.memory is None or full.memory.peak_bytes + options.headroom_bytes > limit_of(highest):
         shown = budget_mod.format_bytes(full.memory.peak_bytes) if full.memory else "more than the device"
+        where = (
+            f"even the whole device ({budget_mod.format_bytes(total)})"
+            if highest == FRACTION_STEPS
+            else f"even fraction {highest / FRACTION_STEPS:.2f} of the card ({budget_mod.format_bytes(limit_of(highest))}), "
+            f"the most this GPU of {budget_mod.format_bytes(gpu_total or 0)} can give"
+        )
         raise DoesNotFitError(
-            f"batch {batch_size} does not fit even the whole device ({budget_mod.format_bytes(total)}): "
-            f"its compiled peak is {shown}",
-            "use a smaller batch with gradient accumulation, remat or bf16",
+            f"batch {batch_size} does not fit {where}: its compiled peak is {shown}",
+            "use a smaller batch with gradient accumulation, remat or bf16"
+            + ("" if highest == FRACTION_STEPS else ", or plan on a larger GPU"),
         )
     floor = full.memory.argument_bytes + full.memory.output_bytes - full.memory.alias_bytes
     estimate = min(
-        FRACTION_STEPS, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS / total - 1e-9)
+        highest, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS / total - 1e-9)
     )
     lowest = max(1, math.floor((floor + options.headroom_bytes) * FRACTION_STEPS / total))
     candidates = [Candidate.of(full, total - options.headroom_bytes, mem_fraction=1.0, limit_bytes=total)]
@@ -256,8 +268,11 @@ def fit_fraction(
             lowest,
             total,
             options.headroom_bytes,
-            # Untuned, the whole-device compile above bounds the search too.
-            whole_device=None if options.verify else full.memory.peak_bytes - budget_at(total),
+            # Untuned, the whole-device compile above bounds the search too (when it is a fraction of the card).
+            whole_device=None
+            if options.verify or highest < FRACTION_STEPS
+            else full.memory.peak_bytes - budget_at(total),
+            highest=highest,
         )
         if found.answer is None:
             raise DoesNotFitError(f"batch {batch_size} does not fit under any fraction of this device")
