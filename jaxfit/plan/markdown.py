@@ -110,18 +110,20 @@ def _platform_note(result: PlanResult) -> list[str]:
 
 def _nominal_note(result: PlanResult) -> list[str]:
     """A warning when a card is planned at its nominal size: a real card gives JAX less."""
-    from jaxfit.plan.whatif import DEFAULT_CARDS
+    from jaxfit.plan.whatif import DEFAULT_CARDS, MEASURED_CARDS
 
     nominal = {c.name for c in DEFAULT_CARDS}
     named = sorted({c.card for c in result.cells if c.card in nominal}, key=lambda n: int(n[:-2]))
     if not named:
         return []
+    h100 = MEASURED_CARDS["H100"].total_bytes
+    short = int(((80 << 30) - h100) * result.mem_fraction)
     return [
         f"**Nominal sizes** ({', '.join(named)}): a real card gives JAX less than its name says. An H100 80GB "
-        "gives 79.18 GiB, so 0.9 of it is 0.74 GiB less than 0.9 of 80 GiB, and an answer with less "
-        "headroom than that does not fit the real card. jaxfit fits your own card itself (`jaxfit run` "
-        "without `--device-memory`); plan `--card H100` (measured) or `--card NAME=SIZE` with what your "
-        "card gives JAX.",
+        f"gives {format_bytes(h100)}, so at fraction {result.mem_fraction:g} its pool is {format_bytes(short)} "
+        "smaller than the 80GB column's, and an answer with less headroom than that does not fit the real "
+        "card. jaxfit fits your own card itself (`jaxfit run` without `--device-memory`); plan `--card H100` "
+        "(measured) or `--card NAME=SIZE` with what your card gives JAX.",
         "",
     ]
 
