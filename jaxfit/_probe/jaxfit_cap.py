@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import List, NoReturn, Optional, Tuple
 
 POOL_ENV = "JAXFIT_POOL_BYTES"
 CAP_EXIT = 76
@@ -99,10 +99,10 @@ def _fraction_set() -> Tuple[str, float]:
     return "XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75
 
 
-def short_of(peak: int, budget: Optional[int]) -> Optional[str]:
+def short_of(peak: int, proved_limit: Optional[int]) -> Optional[str]:
     """Why a program of ``peak`` bytes per device cannot run in this process's GPU pool (a pool
-    smaller than the peak), or None when it can or no pool can be read. ``budget``: the limit
-    the program was proved under, which the advice asks for."""
+    smaller than the peak), or None when it can or no pool can be read. ``proved_limit``: the
+    limit the program was proved under, which the advice asks for."""
     limits, _why = pool_limits()
     if not limits:
         return None
@@ -110,11 +110,11 @@ def short_of(peak: int, budget: Optional[int]) -> Optional[str]:
     if limit >= peak:
         return None
     name, fraction = _fraction_set()
-    want = budget or peak
+    want = proved_limit or peak
     advice = ""
     if fraction >= 0.05:  # a tiny pool is rounded (2.0 MiB at 1.9e-05 of an H100): no total to read from it
         total = limit / fraction
-        advice = "; the proof's %s budget is %s=%.6g on this GPU" % (_format_bytes(want), name, want / total)
+        advice = "; the proof's %s limit is %s=%.6g on this GPU" % (_format_bytes(want), name, want / total)
     return "GPU %d's pool is %s (%s=%g), smaller than the proven program's peak of %s%s" % (
         device_id,
         _format_bytes(limit),
@@ -146,3 +146,15 @@ def problem(expected: int) -> Optional[str]:
                 )
             )
     return None
+
+
+def stop(why: str, more: str = "") -> NoReturn:
+    """Stop this process before its first step with one line and exit :data:`CAP_EXIT`; a pinned
+    run's report (``$JAXFIT_PIN``) says why, for ``jaxfit run`` and ``jaxfit schedule``."""
+    if os.environ.get("JAXFIT_PIN"):
+        import jaxfit_pin
+
+        jaxfit_pin.write_report(None, {"program_pinned": False, "reason": why, "stopped": True, "stopped_for": "cap"})
+    print("jaxfit: error: %s; the run was stopped before its first step%s" % (why, more), file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(CAP_EXIT)

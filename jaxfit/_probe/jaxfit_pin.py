@@ -162,15 +162,7 @@ def _stop_if_the_pool_is_short(pin: Dict[str, Any], record: Any) -> None:
     if why is None:
         return
     record(pinned=False, peak=int(pin["peak_bytes"]), reason=why, stopped=True)
-    write_report(None, {"stopped_for": "cap"})
-    print(
-        "jaxfit: error: %s; the run was stopped before its first step instead of running out of memory in it: "
-        "run it with that fraction (jaxfit run sets it)" % why,
-        file=sys.stderr,
-        flush=True,
-    )
-    sys.stderr.flush()
-    os._exit(jaxfit_cap.CAP_EXIT)
+    jaxfit_cap.stop(why, " instead of running out of memory in it: run it with that fraction (jaxfit run sets it)")
 
 
 class PinnedStep:

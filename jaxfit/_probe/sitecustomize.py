@@ -471,15 +471,8 @@ def _check_pool() -> None:
     except Exception as e:  # never break the training over a check that cannot be made
         print("jaxfit: the GPU pool could not be checked (%s: %s)" % (type(e).__name__, e), file=sys.stderr)
         return
-    if why is None:
-        return
-    if PIN:
-        import jaxfit_pin
-
-        jaxfit_pin.write_report(None, {"program_pinned": False, "reason": why, "stopped": True, "stopped_for": "cap"})
-    print("jaxfit: error: %s; the run was stopped before its first step" % why, file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(jaxfit_cap.CAP_EXIT)
+    if why is not None:
+        jaxfit_cap.stop(why)
 
 
 def _patch_jax_for_help(jax_module: Any) -> None:
