@@ -105,7 +105,7 @@ def _start_child(
     if gpu_total is not None:
         child_fraction = fraction
         if options.device_memory_bytes:
-            child_fraction = _planned_fraction(fraction, options.device_memory_bytes, gpu_total)
+            child_fraction = budget_mod.planned_fraction(fraction, options.device_memory_bytes, gpu_total)
         child, info = _open_child(source, child_fraction, options, cache_path)
         try:
             limit = int(info.bytes_limit or 0)
@@ -121,7 +121,7 @@ def _start_child(
     try:  # start() stops its own child on any error or interrupt; this stops it after
         if info.limit_sensitive and options.device_memory_bytes:
             total = round(int(info.bytes_limit or 0) / fraction)
-            child_fraction = _planned_fraction(fraction, options.device_memory_bytes, total)
+            child_fraction = budget_mod.planned_fraction(fraction, options.device_memory_bytes, total)
             child.close()
             child, info = _open_child(source, child_fraction, options, cache_path)
             return child, info, options.device_memory_bytes, int(info.bytes_limit or 0), total
@@ -225,21 +225,6 @@ def _release(child: CompileChild) -> None:
     pool = _SHARED.get()
     if pool is None or not any(child is shared for shared in pool.values()):
         child.close()
-
-
-def _planned_fraction(fraction: float, device_memory: int, total: int) -> float:
-    """The fraction of a GPU of ``total`` bytes whose limit is ``fraction x device_memory``.
-
-    Raises:
-      ConfigError: more than the whole GPU.
-    """
-    child_fraction = fraction * device_memory / total
-    if child_fraction > 1:
-        raise ConfigError(
-            f"--device-memory {budget_mod.format_bytes(device_memory)} at fraction {fraction} needs more than "
-            f"this GPU's {budget_mod.format_bytes(total)}; plan on a larger GPU or lower the fraction"
-        )
-    return child_fraction
 
 
 def _does_not_fit(rounds: _Rounds, grid: Grid, options: FitOptions, fraction: float, total: int) -> DoesNotFitError:

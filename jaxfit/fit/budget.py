@@ -149,6 +149,23 @@ def check_fraction(fraction: float, what: str = "--mem-fraction") -> float:
     return float(fraction)
 
 
+def planned_fraction(fraction: float, device_memory: int, total: int) -> float:
+    """The fraction of a GPU of ``total`` bytes whose limit is ``fraction x device_memory``: how
+    a card planned with ``--device-memory`` is compiled and run on this GPU, whether the card is
+    smaller or a little larger (0.9 of 80 GiB is 0.909 of an H100's 79.18 GiB).
+
+    Raises:
+      ConfigError: more than the whole GPU.
+    """
+    share = fraction * device_memory / total
+    if share > 1:
+        raise ConfigError(
+            f"--device-memory {format_bytes(device_memory)} at fraction {fraction} needs more than "
+            f"this GPU's {format_bytes(total)}; plan on a larger GPU or lower the fraction"
+        )
+    return share
+
+
 def budget_bytes(limit_bytes: int, headroom_bytes: int = 0) -> int:
     """The bytes a step may use: the allocator limit less the user's headroom."""
     return int(limit_bytes) - int(headroom_bytes)

@@ -252,16 +252,10 @@ def _plan(
         from jaxfit.fit.devices import cuda_total_bytes
 
         total = cuda_total_bytes()  # what the fraction is a share of, as the fit would have read it
-        if total and fraction * options.device_memory_bytes > total:
-            from jaxfit.fit.budget import format_bytes
-
-            raise ConfigError(
-                f"--device-memory {format_bytes(options.device_memory_bytes)} at fraction {fraction:g} needs more "
-                f"than this GPU's {format_bytes(total)}; a run here cannot stand for that card: lower the fraction "
-                "or run on a larger GPU"
-            )
         if total and options.device_memory_bytes != total:  # that card's limit, on this GPU
-            here = float(f"{fraction * options.device_memory_bytes / total:.6g}")
+            from jaxfit.fit.budget import planned_fraction
+
+            here = float(f"{planned_fraction(fraction, options.device_memory_bytes, total):.6g}")
     if here != fraction:
         settings.update(card_mem_fraction=fraction, process_mem_fraction=here, mem_fraction=here)
     env = {fraction_variable(): f"{here:g}"}  # never both spellings: jaxlib refuses that
