@@ -29,9 +29,9 @@ timeout 150 python3 -m jaxfit.cli fit --script --mem-fraction 0.3 --min-batch 8 
 echo "exit $?"
 
 echo "== pin-short"
-python3 - "$OUT" <<'EOF'
+python3 - "$OUT" "${train[@]}" --checkpoint-base-dir=/tmp/card-pool-ck2 --exp-name=short <<'EOF'
 import json, os, subprocess, sys
-out = sys.argv[1]
+out, train = sys.argv[1], sys.argv[2:]
 fit = json.load(open(f"{out}/pin-fit.json"))
 total = fit["device"]["gpu_total_bytes"]
 low = 0.5 * fit["peak_bytes"] / total
@@ -39,9 +39,7 @@ env = dict(os.environ)
 env.update(fit["env"])
 env["PYTHONPATH"] = fit["env"]["PYTHONPATH"] + os.pathsep + os.environ.get("PYTHONPATH", "")
 env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{low:.6f}"
-command = ["python3", "scripts/train.py", "debug", "--no-wandb-enabled", "--num-train-steps=2", "--log-interval=1",
-           "--overwrite", "--checkpoint-base-dir=/tmp/card-pool-ck2", "--exp-name=short", f"--batch-size={fit['batch_size']}"]
-proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+proc = subprocess.run([*train, f"--batch-size={fit['batch_size']}"], env=env, capture_output=True, text=True, timeout=120)
 open(f"{out}/pin-short.log", "w").write(proc.stdout + proc.stderr)
 errors = [l for l in proc.stderr.splitlines() if l.startswith("jaxfit: error:")]
 print(json.dumps({"peak_bytes": fit["peak_bytes"], "fraction": low, "exit": proc.returncode, "errors": errors,
