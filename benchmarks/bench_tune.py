@@ -113,7 +113,6 @@ def run_main(args: argparse.Namespace) -> int:
                 str(out / "tune.json"),
                 "--png",
                 str(out / "tune.png"),
-                "--quiet",
                 *args.tune_arg,
             ]
             start = time.time()
@@ -121,6 +120,7 @@ def run_main(args: argparse.Namespace) -> int:
                 cmd, env=dict(os.environ, JAXFIT_CACHE_DIR=cache), capture_output=True, text=True, timeout=3600
             )
             record["tune_wall_s"] = round(time.time() - start, 2)
+            (out / "tune.log").write_text(proc.stderr)  # its progress: every round, compile and timing
             log(proc.stdout[-3000:] + proc.stderr[-2000:])
             if (out / "tune.json").exists():
                 record["tune"] = json.loads((out / "tune.json").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -138,3 +139,30 @@ def test_the_smallest_fraction_of_a_card_a_little_larger_than_the_gpu_is_searche
         jaxfit.DoesNotFitError, match=r"does not fit even fraction 0.88 of the card .* the most this GPU"
     ):
         jaxfit.fit_fraction(jaxfit.example_source("mlp-tiny"), 2048, options)
+
+
+def test_on_a_gpu_an_answer_leaves_room_for_the_loops_next_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """openpi's train.py dispatches step N, then fetches batch N + 1 onto the device while the step
+    runs. pi0.5 at batch 40 (peak 71.99 GiB of 72.00, 6.5 MB to spare, 72.3 MB of inputs a batch)
+    ran two steps on an H200 and ran out of memory in the third. On a GPU (emulated here: real CPU
+    compiles) a batch fits when its peak and its next batch fit the budget: with the budget set
+    between batch 8's peak and that sum, 8 is refused and the message says why."""
+    import jaxfit
+    from jaxfit.errors import DoesNotFitError
+    from jaxfit.fit.sources import example_source
+
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(2_000_000_000))
+    source = example_source("gpt-tiny", {"n_layers": "1"})
+    exact = FitOptions(mem_fraction=0.5, min_batch=8, max_batch=8, use_cache=False, pin=False)
+    first = jaxfit.fit_batch(source, exact)
+    eight = next(c for c in first.candidates if c.batch_size == 8 and c.autotuned)
+    assert eight.next_input_bytes == 8 * 257 * 4  # the tokens of a batch: the inputs it does not donate
+    assert eight.peak_bytes is not None and eight.fits
+    headroom = first.limit_bytes - (eight.peak_bytes + eight.next_input_bytes // 2)
+    squeezed = dataclasses.replace(exact, headroom_bytes=headroom)
+    assert eight.peak_bytes <= first.limit_bytes - headroom  # the step alone would fit
+    with pytest.raises(DoesNotFitError, match=r"283\.98 MiB \+ 8\.03 KiB for the next batch"):
+        jaxfit.fit_batch(source, squeezed)
+    answer = jaxfit.fit_batch(source, dataclasses.replace(squeezed, min_batch=1))
+    assert answer.batch_size == 7
+    assert "batch 8 needs" in answer.message and "for the next batch" in answer.message

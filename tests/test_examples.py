@@ -320,3 +320,30 @@ def test_examples_are_found_in_the_checkout_when_jaxfit_is_not_installed(monkeyp
     monkeypatch.setattr(configs, "EXAMPLES_PACKAGE", "jaxfit.not_installed_configs")
     assert configs.list_examples() == installed and "mlp-tiny" in installed
     assert type(configs.load_config("mlp-tiny")).__name__ == "MLPConfig"
+
+
+def test_a_stacked_step_is_the_accumulated_step_on_the_same_samples() -> None:
+    """``jaxfit tune`` ranks micro-batches on steps whose micro-batches come stacked (one workload
+    for every accumulation of a global batch): the same loss and update as the step training runs,
+    which splits the flat batch itself, and a batch spec of the stacked shape."""
+    cfg = examples.load_config("gpt-tiny", MINI_GPT)
+    accumulated = dataclasses.replace(cfg, grad_accum_steps=4)
+    tx = examples.make_optimizer(cfg)
+    graphdef, state = examples.init_state(cfg, jax.random.key(0), tx)
+    flat = examples.synthetic_batch(cfg, 8, jax.random.key(1))
+    # the flat step's micro-batch k takes samples k, k + 4 (moveaxis of a [2, 4, ...] reshape)
+    stacked = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x.reshape(2, 4, *x.shape[1:]), 1, 0), flat)
+    spec = examples.training.stacked_batch_spec(cfg, 2, 8)
+    assert jax.tree_util.tree_map(lambda s: s.shape, spec) == jax.tree_util.tree_map(lambda x: x.shape, stacked)
+    want = jax.jit(examples.make_train_step(accumulated, graphdef, tx))(state, flat)
+    got = jax.jit(examples.make_train_step(cfg, graphdef, tx, stacked=True))(state, stacked)
+    assert jnp.allclose(want[1]["loss"], got[1]["loss"], rtol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(want[0]), jax.tree_util.tree_leaves(got[0]), strict=True):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-7)
+    # one micro-batch stacked is the plain step
+    one = jax.tree_util.tree_map(lambda x: x[None], flat)
+    plain = jax.jit(examples.make_train_step(cfg, graphdef, tx))(state, flat)
+    single = jax.jit(examples.make_train_step(cfg, graphdef, tx, stacked=True))(state, one)
+    assert jnp.allclose(plain[1]["loss"], single[1]["loss"], rtol=1e-6)
+    with pytest.raises(ConfigError, match="micro-batch 3 does not divide the global batch 8"):
+        examples.training.stacked_batch_spec(cfg, 3, 8)

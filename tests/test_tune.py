@@ -447,3 +447,43 @@ def test_a_program_the_compile_process_cannot_hold_inline_is_measured_in_a_fresh
     assert where == {(8, 1): ("measured", "process"), (4, 2): ("measured", "compile process")}, where
     fresh = next(r for r in result.rows if r.measured_in == "process")
     assert "fresh process" in fresh.note and fresh.samples_per_second
+
+
+def test_on_a_gpu_micro_batches_are_ranked_untuned_and_a_clearly_slower_setting_is_never_proved(monkeypatch):
+    """On a GPU (emulated: real CPU compiles) with inline measuring, every micro-batch of every
+    setting is compiled untuned as its accumulation to the global batch (one stacked workload per
+    setting) and run a few steps in the compile process; proofs go fastest first, and a setting
+    eight times deeper, far more than --drop-margin below, is left out without one autotuned
+    compile. Its rows say why, with the rate they were ranked by."""
+    from jaxfit.fit import FitOptions
+    from jaxfit.fit.sources import example_source
+    from jaxfit.tune import Setting, Target, TuneOptions, tune
+
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(2_000_000_000))
+    events: list = []
+    fast, slow = Setting("one layer", (("n_layers", "1"),)), Setting("eight layers", (("n_layers", "8"),))
+    result = tune(
+        Target(example=example_source("gpt-tiny")),
+        [fast, slow],
+        FitOptions(mem_fraction=0.5, use_cache=False),
+        TuneOptions(global_batch=4, micro_batches=1, warmup=1, steps=2),
+        progress=lambda e, d: events.append((e, d)),
+    )
+    rows = {(r.setting, r.micro_batch): r for r in result.rows}
+    # the searches: the divisors 1, 2, 4 of each setting, untuned, in one round each
+    assert [(d["batches"], d["autotune"]) for e, d in events if e == "round"][:2] == [([1, 2, 4], False)] * 2
+    # --micro-batches 1: one micro-batch of the fast setting is proved, none of the slow one
+    assert {m for s, m in rows if s == "eight layers"} == {1, 2, 4}
+    assert all(r.untuned_samples_per_second for r in rows.values())
+    proved = [r for r in result.rows if r.status not in ("ranked out", "not run")]
+    assert [r.setting for r in proved] == ["one layer"], [(r.setting, r.micro_batch, r.status) for r in result.rows]
+    tuned = [d for e, d in events if e == "round" and d["autotune"]]
+    assert len(tuned) == 1  # one autotuned compile: the one proof
+    best = result.best
+    assert best is not None and best.setting == "one layer" and best.measured_in == "compile process"
+    assert best.untuned_samples_per_second == max(r.untuned_samples_per_second or 0 for r in result.rows)
+    out = rows[("eight layers", 4)]
+    assert out.status == "ranked out" and out.peak_bytes is None and out.pin is None
+    assert out.note.startswith(f"untuned it ran at {out.untuned_samples_per_second:.1f} samples/s, more than 10% below")
+    assert "not proved as clearly slower untuned" in result.message
+    assert result.phase_seconds["rank"] > 0

@@ -8,9 +8,9 @@ There the probe's ``sitecustomize`` imports it from the probe folder that jaxfit
 Protocol (both directions one JSON object per line):
 
 - requests arrive on the file descriptor ``$JAXFIT_REQUEST_FD`` (stdin if unset):
-  ``{"op": "compile", "id": n, "batches": [..], "autotune": bool, "threads": k}``,
+  ``{"op": "compile", "id": n, "batches": [..], "autotune": bool, "threads": k, "keep_untuned": bool}``,
   ``{"op": "pin", "batch": b, "path": file}``, ``{"op": "overhead"}``,
-  ``{"op": "time", "batch": b, "warmup": w, "steps": n}``, ``{"op": "quit"}``;
+  ``{"op": "time", "batch": b, "warmup": w, "steps": n, "untuned": bool}``, ``{"op": "quit"}``;
 - replies leave on ``$JAXFIT_REPLY_FD``: first ``{"op": "ready", "info": {...}}`` (or
   ``{"op": "error", ...}``), then ``{"op": "result", ...}`` per compile and ``{"op": "done"}`` per
   request, ``{"op": "pinned", ...}``, ``{"op": "overhead", ...}`` and ``{"op": "timed", ...}`` (the
@@ -77,6 +77,9 @@ def host_memory_bytes() -> int:
 
 KEPT_EXECUTABLES = 8
 """Compiled programs a server keeps for ``pin`` (the latest compile of each batch, most recent first)."""
+KEPT_UNTUNED = 16
+"""Untuned programs a server keeps when a compile request asks it to (``keep_untuned``: ``jaxfit
+tune`` times them to rank micro-batches before it proves any)."""
 
 
 def set_persistent_cache(enabled: bool) -> Optional[bool]:
@@ -445,6 +448,8 @@ class Server:
         self._lower_lock = threading.Lock()  # tracing is cheap and not guaranteed thread-safe
         # batch -> (fingerprint, compiled, memory) of the latest compile with the options training uses
         self._kept: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
+        # batch -> compiled, of untuned compiles whose request asked to keep them (to be timed)
+        self._untuned: "collections.OrderedDict[int, Any]" = collections.OrderedDict()
         self._kept_lock = threading.Lock()
 
     def send(self, message: Dict[str, Any]) -> None:
@@ -476,6 +481,7 @@ class Server:
             return
         with self._kept_lock:
             self._kept.clear()
+            self._untuned.clear()
         self.lower, self.workload = parts["lower"], parts["workload"]
         self.components, self.concrete = parts.get("components"), parts.get("concrete")
         self.donated = tuple(parts.get("donated") or ())
@@ -492,8 +498,10 @@ class Server:
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
-    def compile_one(self, batch: int, autotune: bool) -> Dict[str, Any]:
-        """Lower and compile at ``batch``; never raises (errors are answers)."""
+    def compile_one(self, batch: int, autotune: bool, keep_untuned: bool = False) -> Dict[str, Any]:
+        """Lower and compile at ``batch``; never raises (errors are answers). ``keep_untuned``: an
+        untuned compile is made (never answered from the cache) and its program kept to be timed
+        (``time_step(..., untuned=True)``)."""
         start = time.perf_counter()
         try:
             with self._lower_lock, runtime_typechecks_off():
@@ -505,13 +513,20 @@ class Server:
             elif self.info["limit_sensitive"] and TUNED_LEVEL:
                 options["xla_gpu_autotune_level"] = int(TUNED_LEVEL)  # an experiment; see below
             key = self._cache_key(fingerprint, options)
-            memory = self.cache.get(key) if self.cache is not None else None
+            keep = keep_untuned and bool(options)
+            memory = self.cache.get(key) if self.cache is not None and not keep else None
             cached = memory is not None
             if memory is None:
                 compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
                 memory = memory_of(compiled)
                 if not options:  # the program as training compiles it: keep it for ``pin``
                     self._keep(batch, fingerprint, compiled, memory)
+                elif keep:
+                    with self._kept_lock:
+                        self._untuned.pop(batch, None)
+                        self._untuned[batch] = compiled
+                        while len(self._untuned) > KEPT_UNTUNED:
+                            self._untuned.popitem(last=False)
                 if self.cache is not None:
                     self.cache.put(key, memory)
             reply = {
@@ -603,8 +618,9 @@ class Server:
         batches = [int(b) for b in request["batches"]]
         threads = max(1, int(request.get("threads") or len(batches)))
         autotune = bool(request.get("autotune", True))
+        keep = bool(request.get("keep_untuned"))
         with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
-            futures = [pool.submit(self.compile_one, b, autotune) for b in batches]
+            futures = [pool.submit(self.compile_one, b, autotune, keep) for b in batches]
             for future in concurrent.futures.as_completed(futures):
                 self.send(dict(op="result", id=request.get("id"), **future.result()))
         self.send({"op": "done", "id": request.get("id")})
@@ -649,20 +665,32 @@ class Server:
         return {"op": "overhead", "bytes": None, "method": "this process is not in nvidia-smi's list"}
 
     def time_step(
-        self, batch: int, warmup: int, steps: int, give_up: "Optional[Sequence[float]]" = None
+        self,
+        batch: int,
+        warmup: int,
+        steps: int,
+        give_up: "Optional[Sequence[float]]" = None,
+        untuned: bool = False,
     ) -> Dict[str, Any]:
         """Run the program compiled at ``batch`` as training compiles it (compiling it if it was not
         kept) on real arguments, ``warmup`` calls untimed and ``steps`` timed, each waited for; the
         donated arguments are fed back from the outputs, as a training loop does. With ``give_up``
         ``(look, seconds per sample)``: stop after ``look`` timed calls that took more than that
-        times ``batch`` each on average (``stopped_early``). Never raises."""
+        times ``batch`` each on average (``stopped_early``). ``untuned``: the untuned program kept
+        from a compile that asked for it instead (never compiled here). Never raises."""
         import jax
 
         start = time.perf_counter()
         try:
             if self.concrete is None:
                 raise RuntimeError("this process cannot run the step (no real arguments)")
-            (_, compiled, _), _ = self._training_program(batch)
+            if untuned:
+                with self._kept_lock:
+                    compiled = self._untuned.get(batch)
+                if compiled is None:
+                    raise RuntimeError("no untuned program of batch %d is kept" % batch)
+            else:
+                (_, compiled, _), _ = self._training_program(batch)
             args = list(self.concrete(batch))
             times: "list[float]" = []
             first = None
@@ -720,7 +748,11 @@ class Server:
             elif op == "time":
                 self.send(
                     self.time_step(
-                        int(request["batch"]), int(request["warmup"]), int(request["steps"]), request.get("give_up")
+                        int(request["batch"]),
+                        int(request["warmup"]),
+                        int(request["steps"]),
+                        request.get("give_up"),
+                        bool(request.get("untuned")),
                     )
                 )
             elif op == "load":

@@ -14,6 +14,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from jaxfit.errors import ConfigError
 from jaxfit.examples.configs import DEFAULT_EXAMPLE, GPTConfig, MLPConfig, ModelConfig, ViTConfig, load_config
 from jaxfit.fit.workload import Workload, from_state
 
@@ -220,13 +221,19 @@ def loss_fn(cfg: ModelConfig, model: nnx.Module, batch: Batch) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def make_train_step(cfg: ModelConfig, graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation) -> TrainStep:
+def make_train_step(
+    cfg: ModelConfig, graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation, *, stacked: bool = False
+) -> TrainStep:
     """The pure (un-jitted) train step ``(state, batch) -> (new_state, {"loss": loss})``.
 
     Args:
       cfg: The model config (selects the loss and batch format).
       graphdef: The model graph from :func:`init_state` or :func:`abstract_state`.
       tx: The optimizer whose state is in ``state``.
+      stacked: The batch comes as micro-batches stacked on a leading axis (``[steps, micro, ...]``,
+        :func:`stacked_batch_spec`), gradients summed over them as with ``grad_accum_steps``: every
+        accumulation of one global batch is then one workload whose batch size is the micro-batch
+        (``jaxfit tune`` ranks micro-batches on these programs; training runs the flat batch).
 
     Returns:
       The step function; jit it with ``donate_argnums=0`` to update the state in place.
@@ -244,9 +251,9 @@ def make_train_step(cfg: ModelConfig, graphdef: nnx.GraphDef[Any], tx: optax.Gra
         def loss_of(params: nnx.State, micro: Batch) -> jax.Array:
             return loss_fn(cfg, nnx.merge(graphdef, params), micro)
 
-        if steps == 1:
-            loss, grads = jax.value_and_grad(loss_of)(params, batch)
-        else:  # the batch as ``steps`` micro-batches, gradients summed in float32 (one live at a time)
+        def accumulated(micro_batches: Batch) -> tuple[jax.Array, Any]:
+            """Mean loss and gradients over the leading axis, summed in float32 (one live at a time)."""
+            count = jax.tree_util.tree_leaves(micro_batches)[0].shape[0]
 
             def accumulate(carry: Any, micro: Batch) -> tuple[Any, None]:
                 loss_sum, grad_sum = carry
@@ -254,18 +261,47 @@ def make_train_step(cfg: ModelConfig, graphdef: nnx.GraphDef[Any], tx: optax.Gra
                 grad_sum = jax.tree_util.tree_map(lambda t, g: t + g.astype(jnp.float32), grad_sum, grads)
                 return (loss_sum + loss, grad_sum), None
 
-            micro_batches = jax.tree_util.tree_map(
-                lambda x: jnp.moveaxis(x.reshape(x.shape[0] // steps, steps, *x.shape[1:]), 1, 0), batch
-            )
             zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
             (loss_sum, grad_sum), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), micro_batches)
-            loss = loss_sum / steps
-            grads = jax.tree_util.tree_map(lambda g, p: (g / steps).astype(p.dtype), grad_sum, params)
+            return loss_sum / count, jax.tree_util.tree_map(lambda g, p: (g / count).astype(p.dtype), grad_sum, params)
+
+        count = jax.tree_util.tree_leaves(batch)[0].shape[0] if stacked else steps
+        if stacked and count == 1:  # one micro-batch: the plain step, as training runs it
+            loss, grads = jax.value_and_grad(loss_of)(params, jax.tree_util.tree_map(lambda x: x[0], batch))
+        elif stacked:
+            loss, grads = accumulated(batch)
+        elif steps == 1:
+            loss, grads = jax.value_and_grad(loss_of)(params, batch)
+        else:  # the batch as ``steps`` micro-batches
+            loss, grads = accumulated(
+                jax.tree_util.tree_map(
+                    lambda x: jnp.moveaxis(x.reshape(x.shape[0] // steps, steps, *x.shape[1:]), 1, 0), batch
+                )
+            )
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return (params, opt_state), {"loss": loss}
 
     return train_step
+
+
+def stacked_batch_spec(cfg: ModelConfig, micro_batch: int, global_batch: int) -> Batch:
+    """:func:`batch_spec` of ``micro_batch`` with a leading axis of ``global_batch / micro_batch``:
+    the batch of a step made with ``stacked=True`` (:func:`make_train_step`).
+
+    Raises:
+      ConfigError: ``micro_batch`` does not divide ``global_batch``.
+    """
+    import jax
+
+    if micro_batch < 1 or global_batch % micro_batch:
+        raise ConfigError(
+            f"micro-batch {micro_batch} does not divide the global batch {global_batch}; pick one of its divisors"
+        )
+    return jax.tree_util.tree_map(
+        lambda s: jax.ShapeDtypeStruct((global_batch // micro_batch, *s.shape), s.dtype),
+        batch_spec(cfg, micro_batch),
+    )
 
 
 def workload_from_config(
@@ -274,6 +310,7 @@ def workload_from_config(
     *,
     example: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    stacked_to: int | None = None,
 ) -> Workload:
     """The abstract train-step :class:`~jaxfit.fit.workload.Workload` of a config (nothing allocated).
 
@@ -282,6 +319,9 @@ def workload_from_config(
       name: The workload's name.
       example: The example it came from (reported in the description).
       overrides: The overrides applied to the example (reported in the description).
+      stacked_to: A global batch: the workload's batch size is then a micro-batch of it, the
+        step's batch its micro-batches stacked (``make_train_step(stacked=True)``), so that every
+        accumulation of that global batch is this one workload (``jaxfit tune``'s ranking).
     """
     tx = make_optimizer(cfg)
     graphdef, state = abstract_state(cfg, tx)
@@ -294,6 +334,19 @@ def workload_from_config(
     }
     if overrides:
         description["overrides"] = {str(k): str(v) for k, v in overrides.items()}
+    if stacked_to is not None:
+        if cfg.grad_accum_steps != 1:
+            raise ConfigError("a stacked workload accumulates to its global batch; leave grad_accum_steps at 1")
+        description["stacked_to"] = stacked_to
+        total = stacked_to
+        return from_state(
+            f"{name}[micro-batches of {stacked_to}]",
+            make_train_step(cfg, graphdef, tx, stacked=True),
+            state,
+            lambda micro: stacked_batch_spec(cfg, micro, total),
+            donate_state=True,
+            description=description,
+        )
     return from_state(
         name,
         make_train_step(cfg, graphdef, tx),
@@ -304,12 +357,15 @@ def workload_from_config(
     )
 
 
-def build_workload(name: str = DEFAULT_EXAMPLE, overrides: Mapping[str, Any] | None = None) -> Workload:
+def build_workload(
+    name: str = DEFAULT_EXAMPLE, overrides: Mapping[str, Any] | None = None, stacked_to: int | None = None
+) -> Workload:
     """The abstract train-step workload of an example config, with overrides applied.
 
     Args:
       name: An example name (see :func:`list_examples`) or a path to a YAML config file.
       overrides: ``key -> value`` (strings from ``--set key=value`` are parsed).
+      stacked_to: See :func:`workload_from_config`.
 
     Returns:
       A workload whose name is the example name, followed by ``[key=value,...]`` when overridden.
@@ -324,4 +380,4 @@ def build_workload(name: str = DEFAULT_EXAMPLE, overrides: Mapping[str, Any] | N
     label = example
     if overrides:
         label += "[" + ",".join(f"{k}={v}" for k, v in overrides.items()) + "]"
-    return workload_from_config(cfg, label, example=example, overrides=overrides)
+    return workload_from_config(cfg, label, example=example, overrides=overrides, stacked_to=stacked_to)

@@ -13,8 +13,10 @@ import contextlib
 import contextvars
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import budget as budget_mod
@@ -32,6 +34,7 @@ from jaxfit.fit.common import (
     raise_compile_error,
 )
 from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome, DeviceInfo
+from jaxfit.fit.memory import MemoryReport
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
 from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
@@ -48,8 +51,9 @@ class _Rounds:
         self.history: list[CompileOutcome] = []  # every compile, for the candidate table
         self.count = 0
 
-    def evaluator(self, autotune: bool, threads: int):
-        """``batches -> {batch: peak - budget}`` compiling with or without autotuning."""
+    def evaluator(self, autotune: bool, threads: int, keep_untuned: bool = False):
+        """``batches -> {batch: peak - budget}`` compiling with or without autotuning (``keep_untuned``:
+        the child keeps the untuned programs, to be timed)."""
 
         def evaluate(batches: list[int]) -> dict[int, float]:
             self.count += 1
@@ -65,6 +69,7 @@ class _Rounds:
                 autotune=autotune,
                 threads=threads,
                 on_result=lambda o: notify(self.progress, "compiled", outcome=o, budget=self.budget),
+                keep_untuned=keep_untuned,
             )
             for b in batches:
                 if got[b].memory is None and not got[b].oom:
@@ -76,7 +81,7 @@ class _Rounds:
         return evaluate
 
     def _excess(self, outcome: CompileOutcome) -> float:
-        return math.inf if outcome.memory is None else outcome.memory.peak_bytes - self.budget
+        return math.inf if outcome.memory is None else outcome.memory.need_bytes - self.budget
 
     def candidates(self) -> list[Candidate]:
         return [Candidate.of(o, self.budget) for o in sorted(self.history, key=lambda o: (o.batch_size, o.autotuned))]
@@ -231,17 +236,14 @@ def _does_not_fit(rounds: _Rounds, grid: Grid, options: FitOptions, fraction: fl
     """Not even the smallest batch fits: what it needs, and what to do."""
     smallest = rounds.latest[grid.first]
     memory = smallest.memory
-    need = memory.peak_bytes + options.headroom_bytes if memory else None
+    need = memory.need_bytes + options.headroom_bytes if memory else None
     if memory is None or need is None:
         needs = "the compile itself ran out of memory"
     elif need > total:
-        needs = (
-            f"its compiled peak is {budget_mod.format_bytes(memory.peak_bytes)}, more than the whole device "
-            f"({budget_mod.format_bytes(total)})"
-        )
+        needs = f"its compiled peak is {_with_next_batch(memory)}, more than the whole device ({budget_mod.format_bytes(total)})"
     else:
         needs = (
-            f"its compiled peak is {budget_mod.format_bytes(memory.peak_bytes)}, about fraction "
+            f"its compiled peak is {_with_next_batch(memory)}, about fraction "
             f"{budget_mod.fraction_for_bytes(need, total):.2f} of this device"
         )
     hint = (
@@ -298,6 +300,38 @@ def _search_listed(
     )
 
 
+def _with_next_batch(memory: MemoryReport) -> str:
+    """A compile's peak, and on a GPU the loop's next batch that the pool holds beside it."""
+    peak = budget_mod.format_bytes(memory.peak_bytes)
+    nxt = memory.next_input_bytes
+    return f"{peak} + {budget_mod.format_bytes(nxt)} for the next batch" if nxt else peak
+
+
+def _time_untuned(
+    child: CompileChild,
+    rounds: _Rounds,
+    batches: list[int],
+    steps: tuple[int, int],
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    """Each of ``batches`` whose untuned compile fit, run in the child (largest first): the timings
+    ``jaxfit tune`` ranks micro-batches by (``FitOptions.rank_steps``)."""
+    timings: list[dict[str, Any]] = []
+    for batch in sorted(batches, reverse=True):
+        outcome = rounds.latest.get(batch)
+        if outcome is None or outcome.memory is None or outcome.memory.need_bytes > rounds.budget:
+            continue
+        reply = child.time(batch, *steps, untuned=True)
+        timing: dict[str, Any] = {
+            k: reply[k] for k in ("batch", "ok", "step_seconds", "seconds", "error", "oom") if k in reply
+        }
+        timings.append(timing)
+        if reply.get("ok") and reply.get("step_seconds"):
+            seconds = statistics.median(reply["step_seconds"])
+            notify(progress, "note", text=f"batch {batch} untuned: {seconds * 1e3:.1f} ms a step")
+    return timings
+
+
 @cleaning_probe_leftovers
 def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Progress | None = None) -> FitResult:
     """The largest batch whose compiled peak fits the budget of ``options.mem_fraction``.
@@ -339,7 +373,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
     if options.batches is not None:
         question["batches"] = sorted(set(options.batches))
     key, hit = cached_answer(options, question, source, start, progress)
-    if hit is not None and options.time_steps is None:  # a cached answer keeps no program to time
+    if hit is not None and options.time_steps is None and options.rank_steps is None:  # no program to time
         notify(progress, "cached", result=hit)
         return hit
 
@@ -379,8 +413,10 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         # Untuned on a GPU with verification (the proof follows), else the program as it runs
         # (the CPU compiler has no autotuning; --no-verify takes the untuned answer).
         narrow = tuned and len(grid.between(grid.first - grid.step, grid.last + grid.step)) <= TUNED_WIDTH
+        rank = listed is not None and options.rank_steps is not None and info.limit_sensitive
         if listed is not None:
-            found, grid = _search_listed(rounds.evaluator(not info.limit_sensitive, width), listed, width, grid.step)
+            evaluate = rounds.evaluator(not info.limit_sensitive, width, keep_untuned=rank)
+            found, grid = _search_listed(evaluate, listed, width, grid.step)
         elif narrow:  # a window this narrow (a proof of a known answer, tune's exact batches): an untuned
             # round could not narrow it, so it is compiled as it will run at once, every point in one round
             found = search(rounds.evaluator(True, TUNED_WIDTH), grid, width=TUNED_WIDTH)
@@ -413,6 +449,11 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
             )
         overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
         timing = child.time(answer, *options.time_steps, give_up=options.time_give_up) if options.time_steps else None
+        untuned_timings = (
+            _time_untuned(child, rounds, [b for b in listed if b <= answer], options.rank_steps, progress)
+            if rank and listed is not None and options.rank_steps is not None
+            else []
+        )
     except BaseException as e:
         if not isinstance(e, JaxfitError):  # the child is in order after the user's error (nothing fits)
             child.close(polite=isinstance(e, Exception))  # interrupted: at once
@@ -427,10 +468,9 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
     neighbour = rounds.latest.get(above_answer)
     above = fitting_above(candidates, answer, tuned_only=tuned)
     message = (
-        f"batch {answer} fits: peak {budget_mod.format_bytes(final.peak_bytes)} of a "
-        f"{budget_mod.format_bytes(budget)} budget"
+        f"batch {answer} fits: peak {_with_next_batch(final)} of a {budget_mod.format_bytes(budget)} budget"
         + (
-            f"; batch {above_answer} needs {budget_mod.format_bytes(neighbour.memory.peak_bytes)}"
+            f"; batch {above_answer} needs {_with_next_batch(neighbour.memory)}"
             if outcome == "boundary" and neighbour is not None and neighbour.memory is not None
             else f"; batch {above_answer} runs out of memory while compiling"
             if outcome == "boundary"
@@ -468,10 +508,12 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         pin=pin.to_dict() if pin else None,
         pin_note=pin_note,
         timing=timing,
+        untuned_timings=untuned_timings,
         breakdown=[c.to_dict() for c in breakdown(final, rounds.latest[answer].components)],
         device_count=device_count,
         mesh=mesh,
     )
-    store_answer(options, key, dataclasses.replace(result, timing=None), source=source, manifest=child.manifest)
+    stored = dataclasses.replace(result, timing=None, untuned_timings=[])  # measurements of this process only
+    store_answer(options, key, stored, source=source, manifest=child.manifest)
     notify(progress, "done", result=result)
     return result

@@ -23,7 +23,7 @@ from jaxfit.errors import WorkerError
 from jaxfit.fit.budget import set_fraction
 from jaxfit.fit.command import check_batch_flag, hooked_pythonpath
 from jaxfit.fit.leftovers import probe_ended, probe_environment, probe_started
-from jaxfit.fit.memory import MemoryReport
+from jaxfit.fit.memory import MemoryReport, next_input_bytes
 from jaxfit.fit.sources import ScriptSource, Source, to_json
 
 
@@ -449,6 +449,7 @@ class CompileChild:
         threads: int | None = None,
         timeout: float = 3600.0,
         on_result: Callable[[CompileOutcome], None] | None = None,
+        keep_untuned: bool = False,
     ) -> dict[int, CompileOutcome]:
         """Compile at each batch size (concurrently, in threads of the child).
 
@@ -456,6 +457,8 @@ class CompileChild:
           batches: Batch sizes.
           autotune: GPU autotuning on (slower, the real program) or off (peaks within 0.03 %).
           threads: Concurrent compiles (default: all at once).
+          keep_untuned: On a GPU, untuned compiles are made even when cached and their programs
+            kept in the child, to be timed (:meth:`time` with ``untuned``).
           timeout: Seconds for the whole request.
           on_result: Called as each compile finishes (for progress displays).
         """
@@ -468,6 +471,7 @@ class CompileChild:
                 "batches": batches,
                 "autotune": autotune,
                 "threads": threads or len(batches),
+                "keep_untuned": keep_untuned,
             }
         )
         results: dict[int, CompileOutcome] = {}
@@ -481,6 +485,9 @@ class CompileChild:
             if reply.get("op") != "result":
                 continue
             memory = MemoryReport.from_dict(reply["memory"]) if reply.get("ok") else None
+            if memory is not None and self.info is not None and self.info.limit_sensitive:
+                # a GPU's pool also holds the loop's next batch while the step runs
+                memory = dataclasses.replace(memory, next_input_bytes=next_input_bytes(memory))
             outcome = CompileOutcome(
                 batch_size=int(reply["batch"]),
                 memory=memory,
@@ -516,13 +523,17 @@ class CompileChild:
         steps: int,
         give_up: tuple[int, float] | None = None,
         timeout: float = 3600.0,
+        untuned: bool = False,
     ) -> dict[str, Any]:
         """Run the program compiled at ``batch`` (as training compiles it) in the child on real
         arguments: ``warmup`` calls, then ``steps`` timed ones; with ``give_up = (look, seconds per
-        sample)``, only ``look`` timed ones when they took longer than that a sample on average. Returns the
-        child's answer: ``ok``, ``step_seconds``, ``first_call_seconds``, ``stopped_early``, or
-        ``error`` (and ``oom``)."""
+        sample)``, only ``look`` timed ones when they took longer than that a sample on average;
+        ``untuned``: the untuned program a compile with ``keep_untuned`` left (an error when there
+        is none). Returns the child's answer: ``ok``, ``step_seconds``, ``first_call_seconds``,
+        ``stopped_early``, or ``error`` (and ``oom``)."""
         request: dict[str, Any] = {"op": "time", "batch": batch, "warmup": warmup, "steps": steps}
+        if untuned:
+            request["untuned"] = True
         if give_up is not None:
             request["give_up"] = list(give_up)
         self._send(request)

@@ -193,8 +193,8 @@ def fit_fraction(
     def limit_of(units: int) -> int:
         return int(total * units / FRACTION_STEPS)
 
-    if full.memory is None or full.memory.peak_bytes + options.headroom_bytes > limit_of(highest):
-        shown = budget_mod.format_bytes(full.memory.peak_bytes) if full.memory else "more than the device"
+    if full.memory is None or full.memory.need_bytes + options.headroom_bytes > limit_of(highest):
+        shown = budget_mod.format_bytes(full.memory.need_bytes) if full.memory else "more than the device"
         where = (
             f"even the whole device ({budget_mod.format_bytes(total)})"
             if highest == FRACTION_STEPS
@@ -208,7 +208,7 @@ def fit_fraction(
         )
     floor = full.memory.argument_bytes + full.memory.output_bytes - full.memory.alias_bytes
     estimate = min(
-        highest, math.ceil((full.memory.peak_bytes + options.headroom_bytes) * FRACTION_STEPS / total - 1e-9)
+        highest, math.ceil((full.memory.need_bytes + options.headroom_bytes) * FRACTION_STEPS / total - 1e-9)
     )
     lowest = max(1, math.floor((floor + options.headroom_bytes) * FRACTION_STEPS / total))
     candidates = [Candidate.of(full, total - options.headroom_bytes, mem_fraction=1.0, limit_bytes=total)]
@@ -253,7 +253,7 @@ def fit_fraction(
             return {u: (outcome, limit) for u, (outcome, limit, _, _) in zip(units_list, answers)}
 
         def excess(outcome: CompileOutcome, limit: int) -> float:
-            return math.inf if outcome.memory is None else outcome.memory.peak_bytes - budget_at(limit)
+            return math.inf if outcome.memory is None else outcome.memory.need_bytes - budget_at(limit)
 
         def evaluate(xs: list[int]) -> dict[int, float]:
             # Each fraction in its own child; on a GPU the real (autotuned) program unless --no-verify.
@@ -263,7 +263,7 @@ def fit_fraction(
 
         found = search_fraction(
             evaluate,
-            lambda: {u: o.memory.peak_bytes for u, (o, _) in outcomes.items() if o.memory is not None},
+            lambda: {u: o.memory.need_bytes for u, (o, _) in outcomes.items() if o.memory is not None},
             estimate,
             lowest,
             total,
@@ -271,7 +271,7 @@ def fit_fraction(
             # Untuned, the whole-device compile above bounds the search too (when it is a fraction of the card).
             whole_device=None
             if options.verify or highest < FRACTION_STEPS
-            else full.memory.peak_bytes - budget_at(total),
+            else full.memory.need_bytes - budget_at(total),
             highest=highest,
         )
         if found.answer is None:
@@ -358,7 +358,7 @@ def _compile_under_fractions(
             limit = int(child.info.bytes_limit) if child.info.bytes_limit else int(fraction * total)
             outcome = child.compile([batch_size], autotune=autotune)[batch_size]
             pin, note = None, None
-            if outcome.memory is not None and outcome.memory.peak_bytes <= limit - headroom:
+            if outcome.memory is not None and outcome.memory.need_bytes <= limit - headroom:
                 pin, note = pin_answer(
                     child,
                     batch_size,

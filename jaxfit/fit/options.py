@@ -91,6 +91,10 @@ class FitOptions:
       time_give_up: ``(look, seconds per sample)`` with ``time_steps``: stop timing after ``look``
         timed steps when they took longer than that per sample of the batch on average (a candidate
         clearly slower than the best one so far; ``FitResult.timing["stopped_early"]``).
+      rank_steps: ``(warmup, steps)`` with ``batches`` on a GPU: also run the untuned program of
+        each listed batch up to the answer in the compile process, and time it
+        (``FitResult.untuned_timings``): ``jaxfit tune`` ranks micro-batches on these before it
+        proves any. Those compiles are made even when cached (a cached peak has no program).
     """
 
     mem_fraction: float | None = None
@@ -108,6 +112,7 @@ class FitOptions:
     time_steps: tyro.conf.Suppress[tuple[int, int] | None] = None
     time_give_up: tyro.conf.Suppress[tuple[int, float] | None] = None
     batches: tyro.conf.Suppress[tuple[int, ...] | None] = None
+    rank_steps: tyro.conf.Suppress[tuple[int, int] | None] = None
 
     def resolved_fraction(self) -> float:
         """The fraction to fit under (:func:`default_mem_fraction` when not given).

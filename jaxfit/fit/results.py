@@ -36,6 +36,9 @@ class Candidate:
     flops: float | None = None
     mem_fraction: float | None = None  # set by the fraction search: the fraction compiled under
     limit_bytes: int | None = None  # set by the fraction search: that fraction's limit
+    next_input_bytes: int = 0
+    """On a GPU, the next batch the loop holds beside the step (:func:`jaxfit.fit.memory.next_input_bytes`):
+    ``fits`` is ``peak + next_input <= budget``."""
 
     @classmethod
     def of(cls, outcome: CompileOutcome, budget_bytes: int, **extra: Any) -> Candidate:
@@ -48,7 +51,8 @@ class Candidate:
             output_bytes=m.output_bytes if m else None,
             alias_bytes=m.alias_bytes if m else None,
             temp_bytes=m.temp_bytes if m else None,
-            fits=peak is not None and peak <= budget_bytes,
+            fits=m is not None and m.need_bytes <= budget_bytes,
+            next_input_bytes=m.next_input_bytes if m else 0,
             compile_seconds=round(outcome.compile_seconds, 3),
             cached=outcome.cached,
             autotuned=outcome.autotuned,
@@ -94,6 +98,9 @@ class FitResult:
       mesh: The step's mesh, ``{axis: size}`` (``{"batch": 2, "fsdp": 2}``); empty for one device.
       timing: With ``FitOptions.time_steps``: the answer's program run in the compile process
         (``ok``, ``step_seconds``, ``first_call_seconds``, or ``error``); None otherwise.
+      untuned_timings: With ``FitOptions.rank_steps``: each listed batch up to the answer whose
+        untuned program fits, run in the compile process (``batch``, ``ok``, ``step_seconds`` or
+        ``error``), largest batch first; empty otherwise.
     """
 
     mode: FitMode
@@ -122,6 +129,7 @@ class FitResult:
     device_count: int = 1
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
     timing: dict[str, Any] | None = None
+    untuned_timings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def pinned(self) -> bool:

@@ -36,6 +36,9 @@ class ExampleSource:
     name: str
     overrides: tuple[tuple[str, str], ...] = ()
     mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
+    stacked_to: int | None = None
+    """A global batch: every batch size is a micro-batch of it, accumulated in one step
+    (:func:`jaxfit.examples.training.workload_from_config`); ``jaxfit tune`` ranks on these."""
     kind: ClassVar[Literal["example"]] = "example"
 
     def identity(self) -> dict[str, Any]:
@@ -46,13 +49,15 @@ class ExampleSource:
         for file in sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py")):
             code.update(file.read_bytes())
         config = load_config(self.name, dict(self.overrides))
-        identity = {"kind": self.kind, "config": repr(config), "code": code.hexdigest()}
+        identity: dict[str, Any] = {"kind": self.kind, "config": repr(config), "code": code.hexdigest()}
+        if self.stacked_to is not None:
+            identity["stacked_to"] = self.stacked_to
         return _with_mesh(identity, self.mesh)
 
     def build(self) -> Workload:
         from jaxfit.examples import build_workload
 
-        return shard_workload(build_workload(self.name, dict(self.overrides)), self.mesh)
+        return shard_workload(build_workload(self.name, dict(self.overrides), self.stacked_to), self.mesh)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,10 @@ For each setting (remat and precision of a built-in example, or a script's own f
    pins its program. For a
    built-in example every fit of the tune runs in one compile process, which switches workloads
    (:func:`jaxfit.fit.batch.shared_compile_process`); a script is probed in its own process each time.
+   On a GPU with ``--measure inline``, the search's untuned program of every micro-batch is run a
+   few steps first, and the proofs go in the order of those rates across all settings: a
+   micro-batch more than ``--drop-margin`` below the best one proved to fit is not proved
+   (``ranked out``; :mod:`jaxfit.tune.ranking`).
 2. **Prune**: a candidate whose compiled FLOPs at the device's peak rate cannot beat the best
    samples/s measured so far is not run (a bound, not a guess: without a known peak nothing is
    pruned); ``--budget`` stops measuring when that much time was spent measuring (fitting, which
@@ -62,6 +66,7 @@ from jaxfit.fit.pin import Pin, hook_environment, pool_environment, run_environm
 from jaxfit.fit.sources import ExampleSource, ScriptSource
 from jaxfit.run.accumulation import accumulated_command
 from jaxfit.tune.peaks import peak_flops
+from jaxfit.tune.ranking import Candidate, Rung, proof_order, untuned_rates
 from jaxfit.tune.space import Setting, micro_batches, upper_bound_samples_per_second
 from jaxfit.versions import jax_version, jaxfit_version
 
@@ -75,6 +80,7 @@ Status = Literal[
     "cannot win",
     "budget spent",
     "dropped",
+    "ranked out",
     "not run",
 ]
 
@@ -98,7 +104,8 @@ class TuneOptions:
       budget_seconds: Stop measuring once measuring has taken this long (the fits before it are not
         counted; None: no limit).
       peak_tflops: The device's peak TFLOP/s for MFU and pruning (None: from a table of GPUs).
-      micro_batches: Micro-batches tried per setting, largest first.
+      micro_batches: Micro-batches proved per setting, largest first (ranked on a GPU inline:
+        fastest untuned first).
       measure_timeout: Seconds a measuring process may take.
       use_cache: Reuse measurements of the same program, fraction, device and versions.
       measure: ``process``: each candidate trains in a fresh process with its pinned program (the
@@ -191,6 +198,9 @@ class Row:
     pin: str | None = None
     precision: str = ""
     remat: bool = False
+    untuned_samples_per_second: float | None = None
+    """The micro-batch's untuned plain step, run in the compile process, as samples per second:
+    what proofs are ranked by on a GPU (:mod:`jaxfit.tune.ranking`); not the candidate's speed."""
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -221,8 +231,10 @@ class TuneResult:
     """The environment that trains the best row in a user's own shell: the fraction and, when its
     proven program is still stored, the start-up hook and the pin (:func:`winner_environment`)."""
     phase_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Wall time of each phase: ``prove`` (a fit per setting and accumulation, whose compiled FLOPs
-    are also the bounds) and ``measure`` (the candidates' training processes)."""
+    """Wall time of each phase: ``search`` (each setting's largest micro-batch, untuned on a GPU),
+    ``rank`` (running those untuned programs to order the proofs, GPU inline only), ``prove`` (an
+    autotuned fit of each accumulated candidate, with its inline timing; its compiled FLOPs are also
+    the bounds) and ``measure`` (the candidates' training processes)."""
 
     @property
     def pinned(self) -> bool:
@@ -279,6 +291,14 @@ class Target:
                 command, batch or accum, accum, self.script.batch_flag, self.script.accum_flag
             )
         return self.script.with_command(command, batch)
+
+    def stacked_source(self, setting: Setting, global_batch: int) -> ExampleSource:
+        """A built-in example's ``setting`` with every micro-batch of ``global_batch`` as one
+        workload (batch size = micro-batch, accumulated to ``global_batch``): what micro-batches are
+        ranked on (:mod:`jaxfit.tune.ranking`)."""
+        source = self.source(setting, 1, None)
+        assert isinstance(source, ExampleSource)
+        return dataclasses.replace(source, stacked_to=global_batch)
 
     def command(self, setting: Setting, micro: int, accum: int, *, measuring: bool = False) -> list[str]:
         """The command that trains ``setting`` at ``micro x accum``; ``measuring``: with the probe's
@@ -416,114 +436,269 @@ def _micro_batches_to_prove(tune: TuneOptions, largest: FitResult) -> list[int]:
     )  # every divisor: no more of them than the global batch
 
 
-def _rows_of_setting(
+RANK_STEPS = (1, 3)
+"""``(warmup, steps)`` of each untuned program timed to rank micro-batches (:mod:`jaxfit.tune.ranking`)."""
+
+
+@dataclasses.dataclass
+class _Searched:
+    """A setting's search for its largest micro-batch: the answer (None: not even one fits, and
+    ``rows`` says so), its seconds, and the untuned rates of its micro-batches (ranking only)."""
+
+    setting: Setting
+    largest: FitResult | None
+    seconds: float
+    rows: list[Row]
+    rates: dict[int, float]
+    rank_seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class _Proofs:
+    """What proving candidates gave: a row each, and the fit of each that fits."""
+
+    rows: list[Row] = dataclasses.field(default_factory=list)
+    fits: dict[tuple[str, int, int], FitResult] = dataclasses.field(default_factory=dict)
+
+
+def _ranks(target: Target, tune: TuneOptions) -> bool:
+    """Whether micro-batches are ranked on their untuned programs before any is proved: inline
+    measuring of a built-in example on one GPU with a global batch and a drop margin (without a
+    margin every candidate is measured in full, as asked)."""
+    return (
+        tune.measure == "inline"
+        and target.example is not None
+        and target.example.mesh.devices == 1
+        and tune.global_batch is not None
+        and tune.drop_margin is not None
+        and cuda_total_bytes() is not None
+    )
+
+
+def _search_setting(
     target: Target,
     setting: Setting,
     options: FitOptions,
     tune: TuneOptions,
     leader: _Leader,
     progress: Progress | None,
-) -> tuple[list[Row], dict[tuple[int, int], FitResult], float]:
-    """Fit one setting: its largest micro-batch, then each micro-batch to try; a row for each, and
-    the seconds the search for the largest took.
-    With ``--measure inline`` each proof also times its program where it was compiled (dropped
-    early when clearly slower than the ``leader``), and its row is measured here."""
-    dtype, remat = _dtype_of(setting, target), setting.remat
+) -> _Searched:
+    """A setting's largest micro-batch (and, when ranking, the untuned rates of those below it)."""
     cap = tune.global_batch or options.max_batch
     inline = tune.measure == "inline"
-
-    def timed(o: FitOptions) -> FitOptions:
-        return dataclasses.replace(o, time_steps=(tune.warmup, tune.steps), time_give_up=leader.give_up())
-
+    ranks = _ranks(target, tune)
     notify(progress, "note", text=f"tune: {setting.name}: the largest micro-batch up to {cap}")
+    # On a GPU with a global batch, searched but not proved: its untuned answer only says where
+    # to start, since every micro-batch measured is then compiled as it runs (autotuned,
+    # accumulated) to prove it. Otherwise its answer may be a candidate: proved, and timed.
+    candidate = tune.global_batch is None or cuda_total_bytes() is None
+    # only the divisors of the global batch can be micro-batches: the search asks about them alone
+    divisors = tuple(m for m in range(1, cap + 1) if tune.global_batch % m == 0) if tune.global_batch else None
+    searched = dataclasses.replace(
+        options,
+        max_batch=cap,
+        verify=options.verify and candidate,
+        pin=options.pin and candidate,  # an untuned program is not what runs: nothing to pin
+        batches=divisors,
+        # untuned GPU compiles overlap (they run nothing): all the divisors in one round
+        width=options.width or (min(len(divisors), SEARCH_WIDTH) if divisors and not candidate else None),
+        rank_steps=RANK_STEPS if ranks else None,
+    )
+    if inline and candidate:
+        searched = dataclasses.replace(searched, time_steps=(tune.warmup, tune.steps), time_give_up=leader.give_up())
+    # Ranking: each micro-batch compiled and timed as its accumulation to the global batch (one
+    # workload, micro-batches stacked), not as a plain step at the micro-batch, which would update
+    # the parameters once per micro-batch and understate the small ones.
+    source = target.stacked_source(setting, tune.global_batch) if ranks and tune.global_batch else None
+    began = time.perf_counter()
     try:
-        # On a GPU with a global batch, searched but not proved: its untuned answer only says where
-        # to start, since every micro-batch measured is then compiled as it runs (autotuned,
-        # accumulated) to prove it. Otherwise its answer may be a candidate: proved, and timed.
-        candidate = tune.global_batch is None or cuda_total_bytes() is None
-        # only the divisors of the global batch can be micro-batches: the search asks about them alone
-        divisors = tuple(m for m in range(1, cap + 1) if tune.global_batch % m == 0) if tune.global_batch else None
-        searched = dataclasses.replace(
-            options,
-            max_batch=cap,
-            verify=options.verify and candidate,
-            pin=options.pin and candidate,  # an untuned program is not what runs: nothing to pin
-            batches=divisors,
-            # untuned GPU compiles overlap (they run nothing): all the divisors in one round
-            width=options.width or (min(len(divisors), SEARCH_WIDTH) if divisors and not candidate else None),
-        )
-        began = time.perf_counter()
-        largest = fit_batch(
-            target.source(setting, 1, None),
-            timed(searched) if inline and candidate else searched,
-            progress=progress,
-        )
+        largest = fit_batch(source or target.source(setting, 1, None), searched, progress=progress)
     except DoesNotFitError as err:
         g = tune.global_batch or 1
-        row = Row(setting.name, 1, g, g, fits=False, status="does not fit", note=err.what, precision=dtype, remat=remat)
-        return [row], {}, time.perf_counter() - began
-    search_seconds = time.perf_counter() - began
+        row = Row(
+            setting.name,
+            1,
+            g,
+            g,
+            fits=False,
+            status="does not fit",
+            note=err.what,
+            precision=_dtype_of(setting, target),
+            remat=setting.remat,
+        )
+        return _Searched(setting, None, time.perf_counter() - began, [row], {})
+    rank_seconds = sum(float(t.get("seconds") or 0) for t in largest.untuned_timings)
+    return _Searched(
+        setting,
+        largest,
+        time.perf_counter() - began,
+        [],
+        untuned_rates(largest.untuned_timings, tune.global_batch) if tune.global_batch else {},
+        rank_seconds,
+    )
+
+
+def _prove_row(
+    target: Target,
+    searched: _Searched,
+    micro: int,
+    tune: TuneOptions,
+    options: FitOptions,
+    leader: _Leader,
+    progress: Progress | None,
+) -> tuple[Row, FitResult | None]:
+    """Prove ``searched.setting`` at ``micro`` accumulated to the global batch (and, inline, time
+    it where it was compiled, dropped early when clearly slower than the ``leader``): its row, and
+    its fit when it fits."""
+    setting, largest = searched.setting, searched.largest
+    assert largest is not None
+    inline = tune.measure == "inline"
+    accum = (tune.global_batch or micro) // micro
+    row = Row(
+        setting.name,
+        micro,
+        accum,
+        micro * accum,
+        precision=_dtype_of(setting, target),
+        remat=setting.remat,
+        untuned_samples_per_second=searched.rates.get(micro),
+    )
+    if inline:
+        options = dataclasses.replace(options, time_steps=(tune.warmup, tune.steps), time_give_up=leader.give_up())
+    try:
+        fit = _prove(target, setting, micro, accum, largest, options, progress)
+    except DoesNotFitError as err:  # "not even batch G fits": G is the global batch, accumulated
+        row.status, row.note = (
+            "does not fit",
+            err.what.replace(f"not even batch {micro * accum} fits", f"{micro} x {accum} does not fit", 1),
+        )
+        return row, None
+    except JaxfitError as err:
+        row.status, row.note = "does not fit", str(err).split(";")[0]
+        return row, None
+    batch_bytes = next((c["bytes"] for c in fit.breakdown if c["name"] == "batch"), None)
+    row.peak_bytes, row.budget_bytes, row.fits = fit.peak_bytes, fit.budget_bytes, True
+    row.flops_per_step = _flops_per_step(micro, accum, fit, largest)
+    row.bytes_per_sample = batch_bytes // row.global_batch if batch_bytes else None
+    row.pin = fit.pin["path"] if fit.pin else None
+    if inline:
+        _apply(row, _timed_inline(fit))
+        if row.status == "out of memory":
+            # The compile process holds more than a fresh one (every program it compiled, a pool
+            # its compiles have cut up): the proof is for a fresh process, which measures it.
+            row.status, row.note = "not run", "the compile process could not hold it; measured in a fresh process"
+        else:
+            row.measured_in = "compile process"
+            leader.record(row)
+    return row, fit
+
+
+def _no_divisor_row(target: Target, searched: _Searched, tune: TuneOptions) -> Row:
+    largest = searched.largest
+    assert largest is not None
+    return Row(
+        searched.setting.name,
+        largest.batch_size,
+        1,
+        largest.batch_size,
+        status="does not fit",
+        note=f"no micro-batch up to {largest.batch_size} divides the global batch {tune.global_batch}",
+        precision=_dtype_of(searched.setting, target),
+        remat=searched.setting.remat,
+    )
+
+
+def _prove_descending(
+    target: Target,
+    searched: _Searched,
+    options: FitOptions,
+    tune: TuneOptions,
+    leader: _Leader,
+    progress: Progress | None,
+    proofs: _Proofs,
+) -> None:
+    """Prove one setting's micro-batches largest first, until ``tune.micro_batches`` of them fit
+    or (inline) one ran slower than the one above it."""
+    largest = searched.largest
+    assert largest is not None
     rows: list[Row] = []
-    fits: dict[tuple[int, int], FitResult] = {}
     proven = 0
     for micro in _micro_batches_to_prove(tune, largest):
         if proven >= tune.micro_batches:
             break
-        slower = _past_the_peak(rows) if inline else None
+        slower = _past_the_peak(rows) if tune.measure == "inline" else None
         if slower is not None:
             notify(
                 progress,
                 "note",
-                text=f"tune: {setting.name}: {slower.micro_batch} x {slower.accum_steps} ran slower than the "
+                text=f"tune: {searched.setting.name}: {slower.micro_batch} x {slower.accum_steps} ran slower than the "
                 "micro-batch above it; smaller ones are not tried",
             )
             break
-        accum = (tune.global_batch or micro) // micro
-        row = Row(setting.name, micro, accum, micro * accum, precision=dtype, remat=remat)
-        try:
-            fit = _prove(target, setting, micro, accum, largest, timed(options) if inline else options, progress)
-        except DoesNotFitError as err:  # "not even batch G fits": G is the global batch, accumulated
-            row.status, row.note = (
-                "does not fit",
-                err.what.replace(f"not even batch {micro * accum} fits", f"{micro} x {accum} does not fit", 1),
-            )
-            rows.append(row)
-            continue
-        except JaxfitError as err:
-            row.status, row.note = "does not fit", str(err).split(";")[0]
-            rows.append(row)
-            continue
-        proven += 1
-        batch_bytes = next((c["bytes"] for c in fit.breakdown if c["name"] == "batch"), None)
-        row.peak_bytes, row.budget_bytes, row.fits = fit.peak_bytes, fit.budget_bytes, True
-        row.flops_per_step = _flops_per_step(micro, accum, fit, largest)
-        row.bytes_per_sample = batch_bytes // row.global_batch if batch_bytes else None
-        row.pin = fit.pin["path"] if fit.pin else None
-        if inline:
-            _apply(row, _timed_inline(fit))
-            if row.status == "out of memory":
-                # The compile process holds more than a fresh one (every program it compiled, a pool
-                # its compiles have cut up): the proof is for a fresh process, which measures it.
-                row.status, row.note = "not run", "the compile process could not hold it; measured in a fresh process"
-            else:
-                row.measured_in = "compile process"
-                leader.record(row)
+        row, fit = _prove_row(target, searched, micro, tune, options, leader, progress)
         rows.append(row)
-        fits[(micro, accum)] = fit
-    if not rows:
-        rows.append(
-            Row(
-                setting.name,
-                largest.batch_size,
-                1,
-                largest.batch_size,
-                status="does not fit",
-                note=f"no micro-batch up to {largest.batch_size} divides the global batch {tune.global_batch}",
-                precision=dtype,
-                remat=remat,
+        if fit is not None:
+            proven += 1
+            proofs.fits[(row.setting, row.micro_batch, row.accum_steps)] = fit
+    proofs.rows.extend(rows or [_no_divisor_row(target, searched, tune)])
+
+
+def _prove_ranked(
+    target: Target,
+    searches: Sequence[_Searched],
+    options: FitOptions,
+    tune: TuneOptions,
+    leader: _Leader,
+    progress: Progress | None,
+    proofs: _Proofs,
+) -> None:
+    """Prove the micro-batches of every setting in the order of their untuned rates, leaving out
+    those more than the drop margin below the best proved to fit (:mod:`jaxfit.tune.ranking`); at
+    most ``tune.micro_batches`` proved to fit per setting."""
+    assert tune.global_batch is not None and tune.drop_margin is not None
+    by_name = {s.setting.name: s for s in searches}
+    candidates = []
+    for s in searches:
+        if s.largest is None:
+            continue
+        micros = _micro_batches_to_prove(tune, s.largest)
+        if not micros:
+            proofs.rows.append(_no_divisor_row(target, s, tune))
+        candidates += [Candidate(s.setting.name, m, s.rates.get(m)) for m in micros]
+    rung = Rung(tune.drop_margin)
+    proven: dict[str, int] = {}
+    for c in proof_order(candidates):
+        searched = by_name[c.setting]
+        if proven.get(c.setting, 0) >= tune.micro_batches:
+            continue
+        if rung.left_out(c):
+            accum = tune.global_batch // c.micro_batch
+            proofs.rows.append(
+                Row(
+                    c.setting,
+                    c.micro_batch,
+                    accum,
+                    tune.global_batch,
+                    status="ranked out",
+                    note=rung.why(c),
+                    precision=_dtype_of(searched.setting, target),
+                    remat=searched.setting.remat,
+                    untuned_samples_per_second=c.untuned_rate,
+                )
             )
+            continue
+        notify(
+            progress,
+            "note",
+            text=f"tune: proving {c.setting} at {c.micro_batch} x {tune.global_batch // c.micro_batch}"
+            + (f" (untuned {c.untuned_rate:.1f} samples/s)" if c.untuned_rate else ""),
         )
-    return rows, fits, search_seconds
+        row, fit = _prove_row(target, searched, c.micro_batch, tune, options, leader, progress)
+        proofs.rows.append(row)
+        if fit is not None:
+            proven[c.setting] = proven.get(c.setting, 0) + 1
+            rung.proved(c)
+            proofs.fits[(row.setting, row.micro_batch, row.accum_steps)] = fit
 
 
 def _past_the_peak(rows: Sequence[Row]) -> Row | None:
@@ -748,8 +923,6 @@ def tune(
         on_gpu = cuda_total_bytes() is not None
         tuning = dataclasses.replace(tuning, measure="inline" if target.script is None and on_gpu else "process")
     fraction = options.resolved_fraction()
-    rows: list[Row] = []
-    fits: dict[tuple[str, int, int], FitResult] = {}
     by_name = {s.name: s for s in settings}
     context = (
         cleaned(target.script.cwd, exclude=(default_cache_path().parent,))
@@ -758,21 +931,28 @@ def tune(
     )
     device: dict[str, Any] = {}
     leader = _Leader(tuning)
-    search_seconds = 0.0  # searching each setting's largest micro-batch
     # Timed where they are proved: the compile process holds its whole pool from the start, as
     # the training process would (a pool that grows can fail a program that fits).
     preallocate = tuning.measure == "inline" and cuda_total_bytes() is not None
     with context:
         with shared_compile_process(preallocate=preallocate):  # one compile process for every setting and accumulation
-            for setting in settings:
-                setting_rows, setting_fits, searching = _rows_of_setting(
-                    target, setting, options, tuning, leader, progress
-                )
-                search_seconds += searching
-                rows.extend(setting_rows)
-                fits.update({(setting.name, m, a): f for (m, a), f in setting_fits.items()})
-                for f in setting_fits.values():
-                    device = f.device
+            proofs, searches = _Proofs(), []
+            if _ranks(target, tuning):  # every setting's rates first, then the proofs fastest first
+                searches = [_search_setting(target, s, options, tuning, leader, progress) for s in settings]
+                proofs.rows += [r for s in searches for r in s.rows]
+                _prove_ranked(target, searches, options, tuning, leader, progress, proofs)
+            else:  # setting by setting, so that each is timed against the best of those before it
+                for setting in settings:
+                    searched = _search_setting(target, setting, options, tuning, leader, progress)
+                    searches.append(searched)
+                    proofs.rows += searched.rows
+                    if searched.largest is not None:
+                        _prove_descending(target, searched, options, tuning, leader, progress, proofs)
+            search_seconds = sum(s.seconds for s in searches)
+            rank_seconds = sum(s.rank_seconds for s in searches)
+            rows, fits = proofs.rows, proofs.fits
+            for f in fits.values():
+                device = f.device
         proved = time.perf_counter()
         kind = str(device.get("device_kind") or "")
         peak_cache: dict[str, tuple[float | None, str]] = {}
@@ -828,7 +1008,8 @@ def tune(
             if store is not None:
                 store.close()
     phases = {
-        "search": round(search_seconds, 2),
+        "search": round(search_seconds - rank_seconds, 2),
+        "rank": round(rank_seconds, 2),
         "prove": round(proved - start - search_seconds, 2),
         "measure": round(time.perf_counter() - proved, 2),
     }
@@ -841,7 +1022,9 @@ def tune(
     )
     best_fit = fits.get((best_row.setting, best_row.micro_batch, best_row.accum_steps)) if best_row else None
     message = _message(best_row, rows, tuning) + (
-        f" (search {phases['search']:.0f} s, prove {phases['prove']:.0f} s"
+        f" (search {phases['search']:.0f} s"
+        + (f", rank {phases['rank']:.0f} s" if phases["rank"] else "")
+        + f", prove {phases['prove']:.0f} s"
         + (" with inline timing" if tuning.measure == "inline" else "")
         + f", measure {phases['measure']:.0f} s)"
     )
@@ -879,6 +1062,9 @@ def _message(best: Row | None, rows: Sequence[Row], tuning: TuneOptions) -> str:
     measured = sum(1 for r in rows if r.status == "measured")
     dropped = sum(1 for r in rows if r.status == "dropped")
     dropped_words = f", {dropped} dropped after {tuning.look_steps} timed step(s) as clearly slower" if dropped else ""
+    ranked = sum(1 for r in rows if r.status == "ranked out")
+    if ranked:
+        dropped_words += f", {ranked} not proved as clearly slower untuned"
     if best is None:
         closest = max((r for r in rows if r.fits), key=lambda r: r.micro_batch, default=None)
         reason = "no candidate fits" if closest is None else "no candidate could be measured"
