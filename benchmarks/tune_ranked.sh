@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Issue 21 (and an issue-19 check beside it) on a host of 4 alike GPUs, in one call:
-#   GPU 0: jaxfit tune --measure inline (micro-batches ranked on their untuned programs first)
-#   GPU 1: the grid's remat=none half      GPU 2: the grid's remat=full half
-#   GPU 3: openpi's pi05_libero for an 80 GiB card: fit 39-40 and run the answer 3 steps pinned,
-#          then the plain next batch up (benchmarks/openpi/gpu_cells.sh; needs .openpi carried)
-# The grid's wall time is the sum of its two halves (what it takes on one card). Every side has a
+# Issue 21 (and an issue-19 check beside it) in one device call, on 4 or 2 alike GPUs (GPUS=4|2):
+#   GPUS=4: GPU 0 jaxfit tune --measure inline (micro-batches ranked on their untuned programs
+#           first); GPU 1 the grid's remat=none half; GPU 2 its remat=full half; GPU 3 openpi
+#   GPUS=2: GPU 0 the tune, then the grid's remat=none half (the tune's winner is one of its
+#           points: the same card measures both); GPU 1 openpi; the remat=full half is not run
+# openpi: pi05_libero for an 80 GiB card, fit 39-40, the answer run 3 steps pinned, then the plain
+# next batch up (benchmarks/openpi/gpu_cells.sh; runs only where .openpi is carried).
+# The grid's wall time is the sum of its halves (what it takes on one card). Every side has a
 # cold cache. From the repository root on the GPU machine (tyro, wandb wheels carried in .whl):
-#   OUT=$OUT bash benchmarks/tune_ranked_x4.sh [EXAMPLE GLOBAL_BATCH FRACTION PRECISION]
+#   OUT=$OUT GPUS=2 bash benchmarks/tune_ranked.sh [EXAMPLE GLOBAL_BATCH FRACTION PRECISION]
 # default: gpt-small 64 0.0706 bfloat16 (benchmarks/README.md section 6's question).
 # Returns $OUT/tune.tgz (the tune and grid sides) and $OUT/openpi/all.tgz (the openpi cell).
 set -uo pipefail
@@ -19,22 +21,29 @@ LIMIT=${LIMIT_S:-545}
 OUT=/tmp/tune-ranked-sides
 . "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
 mkdir -p "$FINAL"
+GPUS=${GPUS:-4}
 if [ -d .openpi ]; then
   (OUT="$FINAL/openpi" CELLS_DIR=/tmp/cells BUDGET_S=$((LIMIT - 15)) \
-    bash benchmarks/openpi/gpu_cells.sh "3 run pi05_libero 80GiB 39-40" >"$OUT/openpi-cells.log" 2>&1) &
+    bash benchmarks/openpi/gpu_cells.sh "$((GPUS - 1)) run pi05_libero 80GiB 39-40" >"$OUT/openpi-cells.log" 2>&1) &
 fi
 common=(run --example "$EXAMPLE" --global-batch "$GLOBAL" --fraction "$FRACTION" --precision "$PRECISION")
-side() {  # GPU NAME ARGS...
-  local gpu=$1 name=$2
+one() {  # GPU NAME ARGS...: one side, ended by the call's LIMIT
+  local gpu=$1 name=$2 left=$((LIMIT - SECONDS))
   shift 2
   mkdir -p "$OUT/$name"
-  (CUDA_VISIBLE_DEVICES=$gpu timeout --signal=TERM --kill-after=10 "$LIMIT" \
+  if [ "$left" -lt 30 ]; then echo "$name skipped: $left s left" | tee -a "$OUT/sides.txt"; return; fi
+  CUDA_VISIBLE_DEVICES=$gpu timeout --signal=TERM --kill-after=10 "$left" \
     python3 benchmarks/bench_tune.py "${common[@]}" --out "$OUT/$name" "$@" >"$OUT/$name/bench.log" 2>&1
-   echo "$name exit $? after $SECONDS s" | tee -a "$OUT/sides.txt") &
+  echo "$name exit $? after $SECONDS s" | tee -a "$OUT/sides.txt"
 }
-side 0 tune-ranked --remat none,full --skip-grid --tune-arg=--measure=inline
-side 1 grid-none --remat none --skip-tune
-side 2 grid-full --remat full --skip-tune
+tune=(tune-ranked --remat none,full --skip-grid --tune-arg=--measure=inline)
+if [ "$GPUS" = 2 ]; then
+  (one 0 "${tune[@]}"; one 0 grid-none --remat none --skip-tune) &
+else
+  one 0 "${tune[@]}" &
+  one 1 grid-none --remat none --skip-tune &
+  one 2 grid-full --remat full --skip-tune &
+fi
 wait
 python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); t=r.get("tune") or {}; b=t.get("best") or {}; print("tune wall", r.get("tune_wall_s"), "phases", t.get("phase_seconds"), "best", b.get("setting"), b.get("micro_batch"), "x", b.get("accum_steps"), round(b.get("samples_per_second") or 0, 1)); [print("  ", x["setting"], x["micro_batch"], "x", x["accum_steps"], x["status"], round(x.get("samples_per_second") or 0, 1), "untuned", round(x.get("untuned_samples_per_second") or 0, 1)) for x in t.get("rows", [])]' "$OUT/tune-ranked/raw.jsonl" 2>&1
 python3 - "$OUT" <<'PY'
