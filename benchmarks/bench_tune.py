@@ -202,6 +202,32 @@ def table_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def grid_main(args: argparse.Namespace) -> int:
+    """The grid's points from the halves' folders (each point as it ended), the wall time of each
+    half and their sum (what the grid takes on one card), and the best point."""
+    points, walls = [], {}
+    for half in args.halves:
+        f = Path(half) / "grid-points.jsonl"
+        got = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+        points += got
+        walls[Path(half).name] = round(sum(p["wall_s"] for p in got), 1)
+    best = max((p for p in points if p.get("ok")), key=lambda p: p["samples_per_second"], default=None)
+    print("grid points", len(points), "walls", walls, "sum", round(sum(walls.values()), 1))
+    if best:
+        print(
+            "grid best",
+            best["setting"],
+            best["micro_batch"],
+            "x",
+            best["accum_steps"],
+            round(best["samples_per_second"], 1),
+        )
+    for p in points:
+        said = f"{p['samples_per_second']:.1f}" if p.get("ok") else ("OOM" if p.get("oom") else "failed")
+        print(f"  {p['setting']} {p['micro_batch']} x {p['accum_steps']}: {said} ({p['wall_s']} s)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -222,8 +248,10 @@ def main() -> int:
     )
     p = sub.add_parser("table")
     p.add_argument("raw")
+    p = sub.add_parser("grid", help="sum up the grid's halves (the --out folders of the grid's runs)")
+    p.add_argument("halves", nargs="+")
     args = parser.parse_args()
-    return {"run": run_main, "table": table_main}[args.cmd](args)
+    return {"run": run_main, "table": table_main, "grid": grid_main}[args.cmd](args)
 
 
 if __name__ == "__main__":

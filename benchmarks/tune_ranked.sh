@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 21 (and an issue-19 check beside it) in one device call, on 4 or 2 alike GPUs (GPUS=4|2):
-#   GPUS=4: GPU 0 jaxfit tune --measure inline (micro-batches ranked on their untuned programs
+# Issue 21 (and an issue-19 check beside it) in one device call, on 4 or 2 alike GPUs (HOST_GPUS=4|2):
+#   HOST_GPUS=4: GPU 0 jaxfit tune --measure inline (micro-batches ranked on their untuned programs
 #           first); GPU 1 the grid's remat=none half; GPU 2 its remat=full half; GPU 3 openpi
-#   GPUS=2: GPU 0 the tune, then the grid's remat=none half (the tune's winner is one of its
+#   HOST_GPUS=2: GPU 0 the tune, then the grid's remat=none half (the tune's winner is one of its
 #           points: the same card measures both); GPU 1 openpi; the remat=full half is not run
 # openpi: pi05_libero for an 80 GiB card, fit 39-40, the answer run 3 steps pinned, then the plain
 # next batch up (benchmarks/openpi/gpu_cells.sh; runs only where .openpi is carried).
 # The grid's wall time is the sum of its halves (what it takes on one card). Every side has a
 # cold cache. From the repository root on the GPU machine (tyro, wandb wheels carried in .whl):
-#   OUT=$OUT GPUS=2 bash benchmarks/tune_ranked.sh [EXAMPLE GLOBAL_BATCH FRACTION PRECISION]
+#   OUT=$OUT HOST_GPUS=2 bash benchmarks/tune_ranked.sh [EXAMPLE GLOBAL_BATCH FRACTION PRECISION]
 # default: gpt-small 64 0.0706 bfloat16 (benchmarks/README.md section 6's question).
 # Returns $OUT/tune.tgz (the tune and grid sides) and $OUT/openpi/all.tgz (the openpi cell).
 set -uo pipefail
@@ -21,10 +21,10 @@ LIMIT=${LIMIT_S:-545}
 OUT=/tmp/tune-ranked-sides
 . "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
 mkdir -p "$FINAL"
-GPUS=${GPUS:-4}
+HOST_GPUS=${HOST_GPUS:-4}  # not GPUS: gpu_run.sh reads that as run --gpus
 if [ -d .openpi ]; then
   (OUT="$FINAL/openpi" CELLS_DIR=/tmp/cells BUDGET_S=$((LIMIT - 15)) \
-    bash benchmarks/openpi/gpu_cells.sh "$((GPUS - 1)) run pi05_libero 80GiB 39-40" >"$OUT/openpi-cells.log" 2>&1) &
+    bash benchmarks/openpi/gpu_cells.sh "$((HOST_GPUS - 1)) run pi05_libero 80GiB 39-40" >"$OUT/openpi-cells.log" 2>&1) &
 fi
 common=(run --example "$EXAMPLE" --global-batch "$GLOBAL" --fraction "$FRACTION" --precision "$PRECISION")
 one() {  # GPU NAME ARGS...: one side, ended by the call's LIMIT
@@ -36,8 +36,8 @@ one() {  # GPU NAME ARGS...: one side, ended by the call's LIMIT
     python3 benchmarks/bench_tune.py "${common[@]}" --out "$OUT/$name" "$@" >"$OUT/$name/bench.log" 2>&1
   echo "$name exit $? after $SECONDS s" | tee -a "$OUT/sides.txt"
 }
-tune=(tune-ranked --remat none,full --skip-grid --tune-arg=--measure=inline)
-if [ "$GPUS" = 2 ]; then
+tune=(tune-ranked --remat none,full --skip-grid --tune-arg=--measure=inline --tune-arg=--rank-untuned)
+if [ "$HOST_GPUS" = 2 ]; then
   (one 0 "${tune[@]}"; one 0 grid-none --remat none --skip-tune) &
 else
   one 0 "${tune[@]}" &
@@ -46,23 +46,5 @@ else
 fi
 wait
 python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); t=r.get("tune") or {}; b=t.get("best") or {}; print("tune wall", r.get("tune_wall_s"), "phases", t.get("phase_seconds"), "best", b.get("setting"), b.get("micro_batch"), "x", b.get("accum_steps"), round(b.get("samples_per_second") or 0, 1)); [print("  ", x["setting"], x["micro_batch"], "x", x["accum_steps"], x["status"], round(x.get("samples_per_second") or 0, 1), "untuned", round(x.get("untuned_samples_per_second") or 0, 1)) for x in t.get("rows", [])]' "$OUT/tune-ranked/raw.jsonl" 2>&1
-python3 - "$OUT" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-points, walls = [], {}
-for half in ("grid-none", "grid-full"):
-    f = out / half / "grid-points.jsonl"
-    got = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
-    points += got
-    walls[half] = round(sum(p["wall_s"] for p in got), 1)
-ok = [p for p in points if p.get("ok")]
-best = max(ok, key=lambda p: p["samples_per_second"], default=None)
-print("grid points", len(points), "walls", walls, "sum", round(sum(walls.values()), 1))
-if best:
-    print("grid best", best["setting"], best["micro_batch"], "x", best["accum_steps"], round(best["samples_per_second"], 1))
-for p in points:
-    said = f"{p['samples_per_second']:.1f}" if p.get("ok") else ("OOM" if p.get("oom") else "failed")
-    print(f"  {p['setting']} {p['micro_batch']} x {p['accum_steps']}: {said} ({p['wall_s']} s)")
-PY
+python3 benchmarks/bench_tune.py grid "$OUT/grid-none" "$OUT/grid-full"
 (cd "$OUT" && tar --exclude='*.png' -czf "$FINAL/tune.tgz" .)

@@ -35,24 +35,6 @@ wait
 for name in tune-process tune-inline; do
   python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); t=r.get("tune") or {}; b=t.get("best") or {}; print(sys.argv[2], "wall", r.get("tune_wall_s"), "phases", t.get("phase_seconds"), "best", b.get("setting"), b.get("micro_batch"), "x", b.get("accum_steps"), round(b.get("samples_per_second") or 0, 1))' "$OUT/$name/raw.jsonl" "$name" 2>&1
 done
-python3 - "$OUT" <<'EOF'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-points, walls = [], {}
-for half in ("grid-none", "grid-full"):
-    lines = (out / half / "grid-points.jsonl").read_text().splitlines() if (out / half / "grid-points.jsonl").exists() else []
-    got = [json.loads(x) for x in lines]
-    points += got
-    walls[half] = round(sum(p["wall_s"] for p in got), 1)
-ok = [p for p in points if p.get("ok")]
-best = max(ok, key=lambda p: p["samples_per_second"], default=None)
-print("grid points", len(points), "walls", walls, "sum", round(sum(walls.values()), 1))
-if best:
-    print("grid best", best["setting"], best["micro_batch"], "x", best["accum_steps"], round(best["samples_per_second"], 1))
-for p in points:
-    said = f"{p['samples_per_second']:.1f}" if p.get("ok") else ("OOM" if p.get("oom") else "failed")
-    print(f"  {p['setting']} {p['micro_batch']} x {p['accum_steps']}: {said} ({p['wall_s']} s)")
-EOF
+python3 benchmarks/bench_tune.py grid "$OUT/grid-none" "$OUT/grid-full"
 # At most 8 files come back from a device call: everything goes back as one archive (PNGs left out).
 (cd "$OUT" && tar --exclude='*.png' -czf /tmp/tune-x4.tgz . && find . -mindepth 1 -delete && mv /tmp/tune-x4.tgz all.tgz)

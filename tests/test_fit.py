@@ -187,14 +187,19 @@ def test_an_answer_close_to_the_budget_gets_a_headroom_note():
 def test_gpu_flow_searches_untuned_and_proves_on_tuned_compiles(monkeypatch):
     """The GPU flow (untuned search, then autotuned proof two at a time) on real CPU compiles that
     pretend to be an 8 MiB GPU: the CPU compiler ignores the autotuning level, so both curves agree
-    and one proof round must settle the untuned answer."""
+    and one proof round must settle the untuned answer. On a GPU a batch fits when its peak and the
+    loop's next batch (the inputs the step does not donate) fit the budget."""
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
     events: list[tuple[str, dict]] = []
     options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
     result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options, progress=lambda e, d: events.append((e, d)))
     assert result.device["limit_sensitive"] and result.budget_bytes == 4 * MiB
     answer = result.batch_size
-    assert peak_in_process("mlp-tiny", answer) == result.peak_bytes <= 4 * MiB < peak_in_process("mlp-tiny", answer + 1)
+    tuned = {c.batch_size: c for c in result.candidates if c.autotuned}
+    assert peak_in_process("mlp-tiny", answer) == result.peak_bytes == tuned[answer].peak_bytes
+    assert tuned[answer].next_input_bytes == answer * (64 * 4 + 4)  # float32 inputs of 64 and an int32 label
+    need = {b: (c.peak_bytes or 0) + c.next_input_bytes for b, c in tuned.items()}
+    assert need[answer] <= 4 * MiB < need[answer + 1]
     rounds = [d for e, d in events if e == "round"]
     assert rounds[-1]["autotune"] and rounds[-1]["batches"] == [answer, answer + 1]
     assert not any(r["autotune"] for r in rounds[:-1]) and all(len(r["batches"]) <= 4 for r in rounds)

@@ -450,7 +450,7 @@ def test_a_program_the_compile_process_cannot_hold_inline_is_measured_in_a_fresh
 
 
 def test_on_a_gpu_micro_batches_are_ranked_untuned_and_a_clearly_slower_setting_is_never_proved(monkeypatch):
-    """On a GPU (emulated: real CPU compiles) with inline measuring, every micro-batch of every
+    """With --rank-untuned on a GPU (emulated: real CPU compiles) and inline measuring, every micro-batch of every
     setting is compiled untuned as its accumulation to the global batch (one stacked workload per
     setting) and run a few steps in the compile process; proofs go fastest first, and a setting
     eight times deeper, far more than --drop-margin below, is left out without one autotuned
@@ -466,7 +466,7 @@ def test_on_a_gpu_micro_batches_are_ranked_untuned_and_a_clearly_slower_setting_
         Target(example=example_source("gpt-tiny")),
         [fast, slow],
         FitOptions(mem_fraction=0.5, use_cache=False),
-        TuneOptions(global_batch=4, micro_batches=1, warmup=1, steps=2),
+        TuneOptions(global_batch=4, micro_batches=1, warmup=1, steps=2, rank_untuned=True),
         progress=lambda e, d: events.append((e, d)),
     )
     rows = {(r.setting, r.micro_batch): r for r in result.rows}

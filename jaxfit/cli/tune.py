@@ -30,6 +30,7 @@ def tune_command(
     micro_batches: int = 3,
     measure: Literal["auto", "process", "inline"] = "auto",
     drop_margin: float | None = 0.1,
+    rank_untuned: bool = False,
     json: str | None = None,
     png: str | None = None,
     quiet: bool = False,
@@ -47,10 +48,10 @@ def tune_command(
     are compiled as they will run; a candidate that cannot beat the best measured rate at the
     device's peak FLOP/s is skipped; the others run warm-up and timed steps with their proven
     (pinned) program (--measure), and are ranked by samples per second; one clearly slower than
-    the best so far is dropped after its first timed steps (--drop-margin). On a GPU with
-    --measure inline, every micro-batch's untuned program from the search is first run a few steps
-    and the proofs go fastest first: one more than --drop-margin below the best proved so far is
-    not proved at all (its row says ranked out).
+    the best so far is dropped after its first timed steps (--drop-margin). With --rank-untuned
+    (experimental, a GPU with --measure inline), every micro-batch's untuned program from the
+    search is first run a few steps and the proofs go fastest first: one more than --drop-margin
+    below the best proved so far is not proved at all (its row says ranked out).
 
     Args:
         options: How to fit.
@@ -68,7 +69,8 @@ def tune_command(
         peak_tflops: The device's peak TFLOP/s, for MFU and to prune candidates that cannot win (default: a table of GPUs; none on a CPU).
         micro_batches: Micro-batches proved per setting (largest first; on a GPU inline, fastest untuned first).
         measure: process: each candidate trains in a fresh process with its pinned program (step and time between steps); inline: the proven program is timed in the compile process that proved it, on real arguments of its shapes (no start-up per candidate; the step alone; built-in examples only; a program that process cannot hold is measured in a fresh one); auto: inline for a built-in example on a GPU, process otherwise.
-        drop_margin: Stop measuring a candidate after the first quarter of --steps (4 or more) when it runs this share below the best rate measured so far (0.1: 10% slower); its row says dropped. On a GPU inline, also the margin under which a micro-batch's untuned rate leaves it unproved (ranked out). None measures every candidate fully.
+        drop_margin: Stop measuring a candidate after the first quarter of --steps (4 or more) when it runs this share below the best rate measured so far (0.1: 10% slower); its row says dropped. With --rank-untuned, also the margin under which a micro-batch's untuned rate leaves it unproved (ranked out). None measures every candidate fully.
+        rank_untuned: Experimental (GPU, --measure inline, --global-batch): run each micro-batch's untuned program a few steps first, prove the fastest first and leave out the clearly slower (ranked out). Off by default: on an H200 the untuned programs ran about 12x slower than the proven ones, so ranking cost more than the proofs it saved.
         json: Write the result (rows, best, breakdown of the best) to this file.
         png: Draw samples/s against micro-batch per setting to this PNG.
         quiet: No progress.
@@ -99,6 +101,7 @@ def tune_command(
         use_cache=options.use_cache,
         measure=measure,
         drop_margin=drop_margin,
+        rank_untuned=rank_untuned,
     ).validate()
     if script and measure == "inline":
         raise JaxfitError("--measure inline is for built-in examples so far; a script is measured in fresh processes")

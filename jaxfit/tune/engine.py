@@ -10,10 +10,10 @@ For each setting (remat and precision of a built-in example, or a script's own f
    pins its program. For a
    built-in example every fit of the tune runs in one compile process, which switches workloads
    (:func:`jaxfit.fit.batch.shared_compile_process`); a script is probed in its own process each time.
-   On a GPU with ``--measure inline``, the search's untuned program of every micro-batch is run a
-   few steps first, and the proofs go in the order of those rates across all settings: a
-   micro-batch more than ``--drop-margin`` below the best one proved to fit is not proved
-   (``ranked out``; :mod:`jaxfit.tune.ranking`).
+   With ``--rank-untuned`` (experimental; a GPU with ``--measure inline``), the search's untuned
+   program of every micro-batch is run a few steps first, and the proofs go in the order of those
+   rates across all settings: a micro-batch more than ``--drop-margin`` below the best one proved
+   to fit is not proved (``ranked out``; :mod:`jaxfit.tune.ranking`).
 2. **Prune**: a candidate whose compiled FLOPs at the device's peak rate cannot beat the best
    samples/s measured so far is not run (a bound, not a guess: without a known peak nothing is
    pruned); ``--budget`` stops measuring when that much time was spent measuring (fitting, which
@@ -119,6 +119,12 @@ class TuneOptions:
       drop_margin: Stop measuring a candidate after :attr:`look_steps` timed steps when its rate is
         more than this share below the best measured so far (its row says ``dropped``); None:
         measure every candidate fully.
+      rank_untuned: Experimental, GPU with ``measure="inline"`` and a global batch: run every
+        micro-batch's untuned program (compiled by the search, accumulated to the global batch)
+        a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best
+        proved (:mod:`jaxfit.tune.ranking`). Off by default: on an H200 the untuned programs of
+        gpt-small ran about 12x slower than the proven ones, so ranking took 217 s where the
+        proofs it saved cost about 70 s (benchmarks/README.md section 21).
     """
 
     global_batch: int | None = None
@@ -131,6 +137,7 @@ class TuneOptions:
     use_cache: bool = True
     measure: Literal["auto", "process", "inline"] = "auto"
     drop_margin: float | None = DROP_MARGIN
+    rank_untuned: bool = False
 
     @property
     def look_steps(self) -> int:
@@ -462,11 +469,12 @@ class _Proofs:
 
 
 def _ranks(target: Target, tune: TuneOptions) -> bool:
-    """Whether micro-batches are ranked on their untuned programs before any is proved: inline
-    measuring of a built-in example on one GPU with a global batch and a drop margin (without a
-    margin every candidate is measured in full, as asked)."""
+    """Whether micro-batches are ranked on their untuned programs before any is proved: asked for
+    (``rank_untuned``), with inline measuring of a built-in example on one GPU, a global batch and
+    a drop margin (without a margin every candidate is measured in full, as asked)."""
     return (
-        tune.measure == "inline"
+        tune.rank_untuned
+        and tune.measure == "inline"
         and target.example is not None
         and target.example.mesh.devices == 1
         and tune.global_batch is not None
