@@ -82,7 +82,8 @@ def test_peaks_come_from_the_table_or_the_flag():
 def test_a_settings_micro_batches_stop_once_the_rate_falls():
     """Measured largest first, a setting's micro-batches stop at the first one slower than the one
     before it (the numbers of the H100's remat=full rows: 16 x 4, 8 x 8, 4 x 16)."""
-    from jaxfit.tune.engine import Row, _past_the_peak
+    from jaxfit.tune.model import Row
+    from jaxfit.tune.prove import _past_the_peak
 
     def row(micro: int, rate: float | None, where: str = "compile process") -> Row:
         r = Row("s", micro, 64 // micro, 64, status="measured", measured_in=where)
@@ -104,7 +105,7 @@ def test_the_flops_of_a_step_come_from_the_search_s_untuned_compile_before_the_p
     row without accumulation; the proof's own count is used only where the search has none."""
     from types import SimpleNamespace
 
-    from jaxfit.tune.engine import _flops_per_step
+    from jaxfit.tune.prove import _flops_per_step
 
     def fit(**flops):
         return SimpleNamespace(candidates=[SimpleNamespace(batch_size=int(b[1:]), flops=f) for b, f in flops.items()])

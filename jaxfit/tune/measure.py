@@ -1,0 +1,203 @@
+"""Measuring a tune's candidates: in a fresh training process with the pinned program, or what the
+compile process timed inline; a measurement applied to its row; the measurement cache."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxfit.fit import FitOptions, FitResult
+from jaxfit.fit.answers import device_identity
+from jaxfit.fit.budget import set_fraction
+from jaxfit.fit.cache import JsonStore, default_cache_path
+from jaxfit.fit.command import hooked_pythonpath
+from jaxfit.fit.compiler import HOOK_VARIABLES
+from jaxfit.fit.devices import cuda_total_bytes
+from jaxfit.fit.leftovers import cleaned, probe_environment
+from jaxfit.fit.pin import Pin, hook_environment, pool_environment
+from jaxfit.tune.model import Row, Target, TuneOptions
+from jaxfit.tune.space import Setting
+from jaxfit.versions import jax_version, jaxfit_version
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def _measure_key(row: Row, fit: FitResult, command: Sequence[str], tune: TuneOptions) -> str | None:
+    if not fit.pin:
+        return None
+    parts = {
+        "fingerprint": fit.pin["fingerprint"],
+        "fraction": fit.mem_fraction,
+        "device": device_identity(),
+        "jax": jax_version(),
+        "jaxfit": jaxfit_version(),
+        "warmup": tune.warmup,
+        "steps": tune.steps,
+        "command": list(command[1:]),
+        "batch": row.global_batch,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _measure(
+    target: Target,
+    setting: Setting,
+    row: Row,
+    fit: FitResult,
+    tune: TuneOptions,
+    cache: JsonStore | None,
+    give_up: tuple[int, float] | None = None,
+) -> dict[str, Any]:
+    """Run the candidate in a fresh process with its pinned program; what the hook measured
+    (``give_up``: :meth:`_Leader.give_up`, a candidate clearly slower is stopped after its look).
+
+    What a script's start-up creates in its folder and holds no data is removed after each run, so
+    the next one starts as this one did (a checkpoint folder would otherwise stop it)."""
+    command = target.command(setting, row.micro_batch, row.accum_steps, measuring=True)
+    key = _measure_key(row, fit, command, tune)
+    if cache is not None and key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return dict(hit, cached=True)
+    folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
+    try:
+        per_step = (give_up[0], give_up[1] * row.global_batch) if give_up else None
+        measured = _measure_in(folder, target, fit, tune, command, per_step)
+    finally:  # the log, the reports: read by now, kept by no one
+        shutil.rmtree(folder, ignore_errors=True)
+    if cache is not None and key is not None and "step_seconds" in measured and not measured.get("stopped_early"):
+        cache.put(key, measured)
+    return dict(measured, cached=False)
+
+
+def _measure_in(
+    folder: Path,
+    target: Target,
+    fit: FitResult,
+    tune: TuneOptions,
+    command: list[str],
+    give_up: tuple[int, float] | None,
+) -> dict[str, Any]:
+    """Run ``command`` measuring its steps, with its log and reports in ``folder`` (``give_up``:
+    ``(look, seconds per step)``); what it creates (its checkpoint folder, wandb's temporary
+    folders) is taken away after it."""
+    report = folder / "measure.json"
+    env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
+    env.update(
+        {
+            "PYTHONPATH": hooked_pythonpath(),
+            "JAXFIT_MEASURE": f"{tune.warmup},{tune.steps}",
+            "JAXFIT_MEASURE_REPORT": str(report),
+            "JAXFIT_MEASURE_STEP_NAME": str(fit.workload.get("description", {}).get("step_name") or "train_step"),
+            "WANDB_MODE": "disabled",
+        }
+    )
+    set_fraction(env, f"{fit.process_fraction:g}")  # a planned smaller card, emulated
+    env.update(pool_environment(fit.process_fraction, cuda_total_bytes()))  # checked before its first step
+    if give_up is not None:
+        env["JAXFIT_MEASURE_GIVE_UP"] = f"{give_up[0]},{give_up[1]!r}"
+    pin = Pin.from_dict(fit.pin) if fit.pin else None
+    env.update(hook_environment(pin, str(folder / "pin-report.json")))
+    cwd = target.script.cwd if target.script is not None else None
+    log = folder / "log.txt"
+    # jaxfit's own files (its cache, this folder with the reports) are not the run's to take away
+    tidy = cleaned(cwd, exclude=(default_cache_path().parent, folder)) if cwd else contextlib.nullcontext()
+    with tidy, open(log, "wb") as out:
+        env.update(probe_environment())  # what it creates outside its folder too (wandb's temp folders)
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = proc.wait(timeout=tune.measure_timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    text = log.read_text(errors="replace")
+    measured: dict[str, Any] = {"exit_code": code, "log_tail": "\n".join(text.strip().splitlines()[-5:])}
+    if report.exists():
+        measured.update(json.loads(report.read_text()))
+    pinned = folder / "pin-report.json"
+    if pinned.exists():
+        measured["program_pinned"] = json.loads(pinned.read_text()).get("program_pinned")
+    return measured
+
+
+def _timed_inline(fit: FitResult) -> dict[str, Any]:
+    """What the proof's compile process measured of its program (``FitOptions.time_steps``), in the
+    shape of a fresh process's report."""
+    timing = fit.timing or {}
+    if timing.get("ok"):
+        return {
+            "step_seconds": timing["step_seconds"],
+            "first_call_seconds": timing.get("first_call_seconds"),
+            "stopped_early": bool(timing.get("stopped_early")),
+        }
+    error = str(timing.get("error") or "the compile process did not time it")
+    tail = f"RESOURCE_EXHAUSTED: {error}" if timing.get("oom") else error
+    return {"exit_code": 1, "log_tail": tail}
+
+
+def _apply(row: Row, measured: Mapping[str, Any]) -> None:
+    steps = measured.get("step_seconds") or []
+    if steps:
+        row.status = "dropped" if measured.get("stopped_early") else "measured"
+        row.timed_steps = len(steps)
+        row.step_seconds = statistics.median(steps)
+        row.step_samples_per_second = row.global_batch / row.step_seconds
+        outside = measured.get("outside_step_seconds") or []
+        row.outside_step_seconds = statistics.median(outside) if outside else None
+        between = row.outside_step_seconds or 0.0
+        row.samples_per_second = row.global_batch / (row.step_seconds + between)
+        if row.outside_step_seconds is not None:  # not known when only the step was run (inline)
+            row.limited_by = "input" if between > row.step_seconds else "step"
+        if row.bytes_per_sample:  # what the input must deliver for the step, not the input, to set the pace
+            row.input_bytes_per_second = row.bytes_per_sample * row.step_samples_per_second
+        row.cached = bool(measured.get("cached"))
+        if measured.get("program_pinned") is False:
+            row.note = "ran its own program, not the pinned one"
+        if row.status == "dropped":
+            row.note = (  # the table shows it after the status: "dropped: after 1 timed step: ..."
+                f"after {len(steps)} timed step{'s' if len(steps) > 1 else ''}: "
+                f"{row.samples_per_second:.1f} samples/s, clearly below the best measured before it"
+            )
+        return
+    tail = str(measured.get("log_tail") or "")
+    if measured.get("exit_code") is None:
+        row.status, row.note = "timed out", "the measuring process did not finish in time"
+    elif "RESOURCE_EXHAUSTED" in tail or "does not fit the budget" in tail:
+        row.status, row.note = "out of memory", tail.splitlines()[-1][:200] if tail else ""
+    elif measured.get("exit_code") == 0:
+        row.status = "ended early"
+        row.note = (
+            "the script exited 0 before the measured steps ran (does it train fewer than --warmup + --steps steps?)"
+        )
+        if tail:
+            row.note += f"; its last line: {tail.splitlines()[-1][:200]}"
+    else:
+        row.status, row.note = "crashed", (tail.splitlines()[-1][:200] if tail else f"exit {measured.get('exit_code')}")
+
+
+def _measurements(options: FitOptions) -> JsonStore | None:
+    path = options.cache_file()
+    return JsonStore(path, "measurements") if path else None

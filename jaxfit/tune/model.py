@@ -1,0 +1,299 @@
+"""What a tune is: its options, a candidate's row, the result, the target and the best rate so far."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Literal
+
+from jaxfit.fit.command import with_batch
+from jaxfit.fit.sources import ExampleSource, ScriptSource
+from jaxfit.run.accumulation import accumulated_command
+from jaxfit.tune.space import Setting
+from jaxfit.versions import jaxfit_version
+
+Status = Literal[
+    "measured",
+    "does not fit",
+    "out of memory",
+    "crashed",
+    "ended early",
+    "timed out",
+    "cannot win",
+    "budget spent",
+    "dropped",
+    "ranked out",
+    "not run",
+]
+
+SEARCH_WIDTH = 8
+"""Untuned compiles in the one round of a tune's search on a GPU (the divisors of the global
+batch; more than this take two rounds)."""
+DROP_MARGIN = 0.10
+"""By default a candidate is dropped when its first timed steps run this much slower than the best
+rate measured so far: far outside the noise of a step's time (a few per cent), and far from the
+3 % within which candidates count as equally fast."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOptions:
+    """How to tune.
+
+    Attributes:
+      global_batch: Samples per optimizer step to keep (None: each setting's largest batch).
+      warmup: Steps run before timing (the first loads the program).
+      steps: Steps timed; the median is the step time.
+      budget_seconds: Stop measuring once measuring has taken this long (the fits before it are not
+        counted; None: no limit).
+      peak_tflops: The device's peak TFLOP/s for MFU and pruning (None: from a table of GPUs).
+      micro_batches: Micro-batches proved per setting, largest first (ranked on a GPU inline:
+        fastest untuned first).
+      measure_timeout: Seconds a measuring process may take.
+      use_cache: Reuse measurements of the same program, fraction, device and versions.
+      measure: ``process``: each candidate trains in a fresh process with its pinned program (the
+        step and the time between steps, the script's data loading included); ``inline``: the
+        program is run where it was proven, in the compile process, on real arguments of its shapes
+        (no start-up per candidate; the step alone; built-in examples only so far); ``auto``: inline
+        for a built-in example on a GPU (on an H100 it found the grid's winner in 0.40x of the
+        grid's time against 0.63x, its rates within 1 % of a fresh process's:
+        benchmarks/README.md section 15), fresh processes otherwise (a script; a CPU, where
+        inline timing ranked two settings 2 % apart the wrong way round, section 12).
+      drop_margin: Stop measuring a candidate after :attr:`look_steps` timed steps when its rate is
+        more than this share below the best measured so far (its row says ``dropped``); None:
+        measure every candidate fully.
+      rank_untuned: Experimental, GPU with ``measure="inline"`` and a global batch: run every
+        micro-batch's untuned program (compiled by the search, accumulated to the global batch)
+        a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best
+        proved (:mod:`jaxfit.tune.ranking`). Off by default: on an H200 the untuned programs of
+        gpt-small ran about 12x slower than the proven ones, so ranking took 217 s where the
+        proofs it saved cost about 70 s (benchmarks/README.md section 21).
+    """
+
+    global_batch: int | None = None
+    warmup: int = 2
+    steps: int = 5
+    budget_seconds: float | None = None
+    peak_tflops: float | None = None
+    micro_batches: int = 3
+    measure_timeout: float = 900.0
+    use_cache: bool = True
+    measure: Literal["auto", "process", "inline"] = "auto"
+    drop_margin: float | None = DROP_MARGIN
+    rank_untuned: bool = False
+
+    @property
+    def look_steps(self) -> int:
+        """Timed steps after which a clearly slower candidate is dropped: a quarter of them (none
+        is dropped when fewer than 4 steps are timed: one step is too noisy a look to judge by)."""
+        return max(1, self.steps // 4)
+
+    def validate(self) -> TuneOptions:
+        from jaxfit.errors import ConfigError
+
+        if self.global_batch is not None and self.global_batch < 1:
+            raise ConfigError(f"--global-batch {self.global_batch} must be at least 1")
+        if self.warmup < 1 or self.steps < 1:
+            raise ConfigError("--warmup and --steps must be at least 1 (the first step loads the program)")
+        if self.budget_seconds is not None and not self.budget_seconds > 0:
+            raise ConfigError(f"--budget {self.budget_seconds} must be more than 0 seconds")
+        if self.micro_batches < 1:
+            raise ConfigError(f"--micro-batches {self.micro_batches} must be at least 1")
+        if self.measure not in ("auto", "process", "inline"):
+            raise ConfigError(f"--measure {self.measure!r} is not one of auto, process, inline")
+        if self.drop_margin is not None and not 0 <= self.drop_margin < 1:
+            raise ConfigError(
+                f"--drop-margin {self.drop_margin} must be in [0, 1) (0.1: drop a candidate 10% slower than the best "
+                "after its first steps); None measures every candidate fully"
+            )
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"--peak-tflops {self.peak_tflops} must be positive")
+        return self
+
+
+@dataclasses.dataclass
+class Row:
+    """One candidate: a setting at a micro-batch, what it needs, and how fast it ran."""
+
+    setting: str
+    micro_batch: int
+    accum_steps: int
+    global_batch: int
+    peak_bytes: int | None = None
+    budget_bytes: int | None = None
+    fits: bool = False
+    status: Status = "not run"
+    note: str = ""
+    step_seconds: float | None = None
+    timed_steps: int | None = None
+    """Steps timed (fewer than ``--steps`` for a dropped row)."""
+    samples_per_second: float | None = None
+    """What training gets: the global batch over the step's time and the time between two steps
+    (the script's data loading, logging); the step's own time alone when that was not measured."""
+    step_samples_per_second: float | None = None
+    """The step alone: the global batch over its time."""
+    outside_step_seconds: float | None = None
+    limited_by: str | None = None
+    """``step`` or ``input`` (the time between steps, the script's data loader above all, is the
+    larger); None when not measured."""
+    flops_per_step: float | None = None
+    model_flops_per_step: float | None = None
+    mfu: float | None = None
+    mfu_source: str = ""
+    bytes_per_sample: int | None = None
+    input_bytes_per_second: float | None = None
+    cached: bool = False
+    measured_in: str = ""
+    """``process`` (a fresh training process) or ``compile process`` (``--measure inline``)."""
+    pin: str | None = None
+    precision: str = ""
+    remat: bool = False
+    untuned_samples_per_second: float | None = None
+    """The micro-batch's untuned plain step, run in the compile process, as samples per second:
+    what proofs are ranked by on a GPU (:mod:`jaxfit.tune.ranking`); not the candidate's speed."""
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        return None if self.peak_bytes is None or self.budget_bytes is None else self.budget_bytes - self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["headroom_bytes"] = self.headroom_bytes
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """What ``jaxfit tune`` found: every row (measured fastest first), and the best one."""
+
+    rows: list[Row]
+    best: Row | None
+    workload: str
+    mem_fraction: float
+    device: dict[str, Any]
+    peak_flops: float | None
+    peak_source: str
+    wall_seconds: float
+    command: list[str] | None
+    breakdown: list[dict[str, Any]]
+    message: str
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The environment that trains the best row in a user's own shell: the fraction and, when its
+    proven program is still stored, the start-up hook and the pin (:func:`winner_environment`)."""
+    phase_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Wall time of each phase: ``search`` (each setting's largest micro-batch, untuned on a GPU),
+    ``rank`` (running those untuned programs to order the proofs, GPU inline only), ``prove`` (an
+    autotuned fit of each accumulated candidate, with its inline timing; its compiled FLOPs are also
+    the bounds) and ``measure`` (the candidates' training processes)."""
+
+    @property
+    def pinned(self) -> bool:
+        """Whether :attr:`env` loads the best row's proven program."""
+        return "JAXFIT_PIN" in self.env
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": [r.to_dict() for r in self.rows],
+            "best": self.best.to_dict() if self.best else None,
+            "workload": self.workload,
+            "mem_fraction": self.mem_fraction,
+            "device": self.device,
+            "peak_flops": self.peak_flops,
+            "peak_source": self.peak_source,
+            "wall_seconds": self.wall_seconds,
+            "command": self.command,
+            "breakdown": self.breakdown,
+            "message": self.message,
+            "env": self.env,
+            "phase_seconds": self.phase_seconds,
+            "jaxfit_version": jaxfit_version(),
+        }
+
+
+# -- the sources of a setting ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What is tuned: a built-in example (config overrides) or a script (flags), and how to run it."""
+
+    example: ExampleSource | None = None
+    script: ScriptSource | None = None
+
+    @property
+    def name(self) -> str:
+        if self.example is not None:
+            return self.example.name
+        assert self.script is not None
+        return " ".join(self.script.run_command)
+
+    def source(self, setting: Setting, accum: int, batch: int | None) -> ExampleSource | ScriptSource:
+        """The source of ``setting`` accumulated over ``accum`` micro-batches (at ``batch``, for scripts)."""
+        if self.example is not None:
+            overrides = dict(self.example.overrides) | dict(setting.overrides)
+            if accum > 1:
+                overrides["grad_accum_steps"] = str(accum)
+            return ExampleSource(self.example.name, tuple(overrides.items()))
+        assert self.script is not None
+        command = list(self.script.run_command) + list(setting.flags)
+        if accum > 1:
+            command = accumulated_command(
+                command, batch or accum, accum, self.script.batch_flag, self.script.accum_flag
+            )
+        return self.script.with_command(command, batch)
+
+    def stacked_source(self, setting: Setting, global_batch: int) -> ExampleSource:
+        """A built-in example's ``setting`` with every micro-batch of ``global_batch`` as one
+        workload (batch size = micro-batch, accumulated to ``global_batch``): what micro-batches are
+        ranked on (:mod:`jaxfit.tune.ranking`)."""
+        source = self.source(setting, 1, None)
+        assert isinstance(source, ExampleSource)
+        return dataclasses.replace(source, stacked_to=global_batch)
+
+    def command(self, setting: Setting, micro: int, accum: int, *, measuring: bool = False) -> list[str]:
+        """The command that trains ``setting`` at ``micro x accum``; ``measuring``: with the probe's
+        own arguments (``--probe-arg``: where a short run's outputs go), as it is measured."""
+        if self.example is not None:
+            source = self.source(setting, accum, None)
+            assert isinstance(source, ExampleSource)
+            sets = [f"--set={k}={v}" for k, v in source.overrides]
+            return [
+                sys.executable,
+                "-m",
+                "jaxfit.tune.trial",
+                "--example",
+                source.name,
+                *sets,
+                "--batch",
+                str(micro * accum),
+            ]
+        assert self.script is not None
+        source = self.source(setting, accum, micro * accum)
+        assert isinstance(source, ScriptSource)
+        return with_batch(
+            list(source.command if measuring else source.run_command), self.script.batch_flag, micro * accum
+        )
+
+
+# -- the best so far, and when a candidate is dropped --------------------------------------------
+
+
+@dataclasses.dataclass
+class _Leader:
+    """The best rate measured so far (whole measurements only), and the give-up test the next
+    candidate is measured under."""
+
+    tuning: TuneOptions
+    rate: float = 0.0
+
+    def record(self, row: Row) -> None:
+        if row.status == "measured" and row.samples_per_second:
+            self.rate = max(self.rate, row.samples_per_second)
+
+    def give_up(self) -> tuple[int, float] | None:
+        """``(look, seconds per sample)``: a candidate whose first ``look`` timed steps take longer
+        than that per sample is more than the margin below the best so far; None before anything
+        was measured, without a margin, or with fewer than 4 timed steps."""
+        margin, look = self.tuning.drop_margin, self.tuning.look_steps
+        if margin is None or not self.rate or self.tuning.steps < 4:
+            return None
+        return look, 1.0 / (self.rate * (1 - margin))
