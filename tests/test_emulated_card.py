@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import FIXTURES, REPO
@@ -117,6 +118,9 @@ def test_a_proven_program_is_not_started_in_a_pool_smaller_than_its_peak(tmp_pat
     lines = [line for line in by_hand.stderr.splitlines() if line.startswith("jaxfit: error:")]
     assert len(lines) == 1 and "smaller than the proven program's peak" in lines[0], by_hand.stderr[-2000:]
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.984375 on this GPU" in lines[0]
+    # the loop's next batch is part of what the pool must hold (the step donates its state)
+    pinned = json.loads(Path(fit["pin"]["path"]).read_text())
+    assert pinned["next_input_bytes"] > 0 and "and its next batch of" in lines[0], lines[0]
     assert "Traceback" not in by_hand.stderr and "step 0" not in by_hand.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["stopped"] is True and report["stopped_for"] == "cap" and report["program_pinned"] is False

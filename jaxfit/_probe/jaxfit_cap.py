@@ -99,15 +99,15 @@ def _fraction_set() -> Tuple[str, float]:
     return "XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75
 
 
-def short_of(peak: int, proved_limit: Optional[int]) -> Optional[str]:
+def short_of(peak: int, proved_limit: Optional[int], next_batch: int = 0) -> Optional[str]:
     """Why a program of ``peak`` bytes per device cannot run in this process's GPU pool (a pool
-    smaller than the peak), or None when it can or no pool can be read. ``proved_limit``: the
-    limit the program was proved under, which the advice asks for."""
+    smaller than the peak and the loop's ``next_batch``), or None when it can or no pool can be
+    read. ``proved_limit``: the limit the program was proved under, which the advice asks for."""
     limits, _why = pool_limits()
     if not limits:
         return None
     device_id, limit = min(limits, key=lambda pair: pair[1])
-    if limit >= peak:
+    if limit >= peak + next_batch:
         return None
     name, fraction = _fraction_set()
     want = proved_limit or peak
@@ -115,12 +115,13 @@ def short_of(peak: int, proved_limit: Optional[int]) -> Optional[str]:
     if fraction >= 0.05:  # a tiny pool is rounded (2.0 MiB at 1.9e-05 of an H100): no total to read from it
         total = limit / fraction
         advice = "; the proof's %s limit is %s=%.6g on this GPU" % (_format_bytes(want), name, want / total)
-    return "GPU %d's pool is %s (%s=%g), smaller than the proven program's peak of %s%s" % (
+    return "GPU %d's pool is %s (%s=%g), smaller than the proven program's peak of %s%s%s" % (
         device_id,
         _format_bytes(limit),
         name,
         fraction,
         _format_bytes(peak),
+        " and its next batch of %s" % _format_bytes(next_batch) if next_batch else "",
         advice,
     )
 

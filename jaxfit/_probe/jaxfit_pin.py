@@ -149,14 +149,19 @@ def _check_whole(pin: Dict[str, Any], payload: bytes) -> None:
 
 def _stop_if_the_pool_is_short(pin: Dict[str, Any], record: Any) -> None:
     """Stop this process (exit ``jaxfit_cap.CAP_EXIT``, one line) before the proven program's first
-    step when this process's GPU pool is smaller than that program's peak: it would run out of
-    memory in that step. Found on an H100: an 80 GiB card's proof (limit 72.00 GiB) run under 0.9
+    step when this process's GPU pool is smaller than that program's peak and the loop's next
+    batch (``next_input_bytes``): it would run out of memory in that step, or a step or two later
+    when the next batch arrives (pi0.5 at 40, 6.5 MB under its limit). Found on an H100: an 80 GiB card's proof (limit 72.00 GiB) run under 0.9
     of the GPU's 79.18 GiB (71.26 GiB) ran out of memory in pi0-FAST's and pi0.5's first steps. A
     pasted line run on another GPU, or with its fraction edited, would do the same."""
     import jaxfit_cap
 
     try:
-        why = jaxfit_cap.short_of(int(pin["peak_bytes"]), pin.get("limit_bytes") or pin.get("budget_bytes"))
+        why = jaxfit_cap.short_of(
+            int(pin["peak_bytes"]),
+            pin.get("limit_bytes") or pin.get("budget_bytes"),
+            int(pin.get("next_input_bytes") or 0),
+        )
     except Exception:  # never break the training over the check
         return
     if why is None:

@@ -274,6 +274,8 @@ def _describe(
         "executable_bytes": size,
         "executable_sha256": digest,
         "peak_bytes": written.peak_bytes,
+        # on a GPU, the loop's next batch the pool must also hold (the start-up check counts it)
+        "next_input_bytes": proven.next_input_bytes,
         "memory": written.to_dict(),
         "budget_bytes": budget_bytes,
         "limit_bytes": limit_bytes,
