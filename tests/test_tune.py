@@ -228,7 +228,8 @@ def test_a_script_that_ends_before_the_measured_steps_is_not_called_crashed(tmp_
 
 def test_a_script_whose_loader_is_slow_is_named_input_bound(tmp_path, run_cli):
     """0.3 s per batch from the loader against a step of milliseconds: every measured row says the
-    input limits it, its rate counts the time between steps, and the summary says so."""
+    input limits it, its rate counts the time between steps, the loader's own rate is measured with
+    the step skipped, and the summary says so."""
     shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
     proc = run_cli(
         "tune", "--script", "--micro-batches", "2", "--max-batch", "64", *TINY, "--batch-flag", "--bs",
@@ -241,7 +242,10 @@ def test_a_script_whose_loader_is_slow_is_named_input_bound(tmp_path, run_cli):
         assert r["limited_by"] == "input" and r["outside_step_seconds"] >= 0.25
         assert r["samples_per_second"] < r["step_samples_per_second"] / 5
         assert abs(r["samples_per_second"] - r["global_batch"] / (r["step_seconds"] + r["outside_step_seconds"])) < 1e-6
-    assert "limited by its input" in proc.stdout
+        # the loop timed with the step skipped (--input-steps 3): the loader's own 0.3 s a batch
+        assert 0.3 <= r["input_seconds"] < 0.6, r
+        assert r["input_samples_per_second"] == pytest.approx(r["global_batch"] / r["input_seconds"])
+    assert "limited by its input" in proc.stdout and "its input alone gives" in proc.stdout
 
 
 def test_inline_measurement_ranks_as_fresh_processes_do():

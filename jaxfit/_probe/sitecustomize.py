@@ -410,7 +410,12 @@ def _patch_jax(jax_module: Any) -> None:
 
             warmup, steps = jaxfit_measure.plan() or (1, 1)
             step = jaxfit_measure.MeasuredStep(
-                step, warmup, steps, os.environ.get(jaxfit_measure.REPORT_ENV), jaxfit_measure.give_up()
+                step,
+                warmup,
+                steps,
+                os.environ.get(jaxfit_measure.REPORT_ENV),
+                jaxfit_measure.give_up(),
+                jaxfit_measure.input_steps(),
             )
         return step
 

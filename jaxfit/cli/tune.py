@@ -31,6 +31,7 @@ def tune_command(
     measure: Literal["auto", "process", "inline"] = "auto",
     drop_margin: float | None = 0.1,
     rank_untuned: bool = False,
+    input_steps: int = 3,
     json: str | None = None,
     png: str | None = None,
     quiet: bool = False,
@@ -70,6 +71,7 @@ def tune_command(
         micro_batches: Micro-batches proved per setting (largest first; on a GPU inline, fastest untuned first).
         measure: process: each candidate trains in a fresh process with its pinned program (step and time between steps); inline: the proven program is timed in the compile process that proved it, on real arguments of its shapes (no start-up per candidate; the step alone; built-in examples only; a program that process cannot hold is measured in a fresh one); auto: inline for a built-in example on a GPU, process otherwise.
         drop_margin: Stop measuring a candidate after the first quarter of --steps (4 or more) when it runs this share below the best rate measured so far (0.1: 10% slower); its row says dropped. With --rank-untuned, also the margin under which a micro-batch's untuned rate leaves it unproved (ranked out). None measures every candidate fully.
+        input_steps: Fresh-process measuring: after the timed steps, time the script's loop this many iterations with the step skipped, its input pipeline's own rate (the row's input alone /s; limited by input when it is slower than the step); 0: not measured.
         rank_untuned: Experimental (GPU, --measure inline, --global-batch): run each micro-batch's untuned program a few steps first, prove the fastest first and leave out the clearly slower (ranked out). Off by default: on an H200 the untuned programs ran about 12x slower than the proven ones, so ranking cost more than the proofs it saved.
         json: Write the result (rows, best, breakdown of the best) to this file.
         png: Draw samples/s against micro-batch per setting to this PNG.
@@ -102,6 +104,7 @@ def tune_command(
         measure=measure,
         drop_margin=drop_margin,
         rank_untuned=rank_untuned,
+        input_steps=input_steps,
     ).validate()
     if script and measure == "inline":
         raise JaxfitError("--measure inline is for built-in examples so far; a script is measured in fresh processes")

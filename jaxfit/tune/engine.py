@@ -256,9 +256,14 @@ def _message(best: Row | None, rows: Sequence[Row], tuning: TuneOptions) -> str:
     limit = ""
     if best.limited_by == "input" and best.outside_step_seconds is not None:
         need = f", {format_bytes(best.input_bytes_per_second)}/s of input" if best.input_bytes_per_second else ""
+        alone = (
+            f"; its input alone gives {best.input_samples_per_second:.1f} samples/s"
+            if best.input_samples_per_second
+            else ""
+        )
         limit = (
             f"; limited by its input: {best.outside_step_seconds:.3f} s between steps against {best.step_seconds:.3f} s "
-            f"in the step (the step alone would give {best.step_samples_per_second:.1f} samples/s{need})"
+            f"in the step (the step alone would give {best.step_samples_per_second:.1f} samples/s{need}){alone}"
         )
     return (
         f"fastest: {best.setting} at {best.micro_batch} x {best.accum_steps} (global batch {best.global_batch}): "

@@ -43,6 +43,7 @@ def _measure_key(row: Row, fit: FitResult, command: Sequence[str], tune: TuneOpt
         "jaxfit": jaxfit_version(),
         "warmup": tune.warmup,
         "steps": tune.steps,
+        "input_steps": tune.input_steps,
         "command": list(command[1:]),
         "batch": row.global_batch,
     }
@@ -97,6 +98,7 @@ def _measure_in(
         {
             "PYTHONPATH": hooked_pythonpath(),
             "JAXFIT_MEASURE": f"{tune.warmup},{tune.steps}",
+            "JAXFIT_MEASURE_INPUT": str(tune.input_steps),
             "JAXFIT_MEASURE_REPORT": str(report),
             "JAXFIT_MEASURE_STEP_NAME": str(fit.workload.get("description", {}).get("step_name") or "train_step"),
             "WANDB_MODE": "disabled",
@@ -169,7 +171,12 @@ def _apply(row: Row, measured: Mapping[str, Any]) -> None:
         row.outside_step_seconds = statistics.median(outside) if outside else None
         between = row.outside_step_seconds or 0.0
         row.samples_per_second = row.global_batch / (row.step_seconds + between)
-        if row.outside_step_seconds is not None:  # not known when only the step was run (inline)
+        alone = measured.get("input_seconds") or []
+        if alone:  # the loop with the step skipped: the input pipeline's own rate
+            row.input_seconds = statistics.median(alone)
+            row.input_samples_per_second = row.global_batch / row.input_seconds if row.input_seconds else None
+            row.limited_by = "input" if row.input_seconds > row.step_seconds else "step"
+        elif row.outside_step_seconds is not None:  # not known when only the step was run (inline)
             row.limited_by = "input" if between > row.step_seconds else "step"
         if row.bytes_per_sample:  # what the input must deliver for the step, not the input, to set the pace
             row.input_bytes_per_second = row.bytes_per_sample * row.step_samples_per_second

@@ -61,6 +61,8 @@ class TuneOptions:
       drop_margin: Stop measuring a candidate after :attr:`look_steps` timed steps when its rate is
         more than this share below the best measured so far (its row says ``dropped``); None:
         measure every candidate fully.
+      input_steps: With fresh-process measuring, the script's loop is then timed this many
+        iterations with the step skipped: its input pipeline's own rate (0: not measured).
       rank_untuned: Experimental, GPU with ``measure="inline"`` and a global batch: run every
         micro-batch's untuned program (compiled by the search, accumulated to the global batch)
         a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best
@@ -80,6 +82,7 @@ class TuneOptions:
     measure: Literal["auto", "process", "inline"] = "auto"
     drop_margin: float | None = DROP_MARGIN
     rank_untuned: bool = False
+    input_steps: int = 3
 
     @property
     def look_steps(self) -> int:
@@ -96,6 +99,8 @@ class TuneOptions:
             raise ConfigError("--warmup and --steps must be at least 1 (the first step loads the program)")
         if self.budget_seconds is not None and not self.budget_seconds > 0:
             raise ConfigError(f"--budget {self.budget_seconds} must be more than 0 seconds")
+        if self.input_steps < 0:
+            raise ConfigError(f"--input-steps {self.input_steps} must be 0 or more (0: the loader is not timed alone)")
         if self.micro_batches < 1:
             raise ConfigError(f"--micro-batches {self.micro_batches} must be at least 1")
         if self.measure not in ("auto", "process", "inline"):
@@ -132,9 +137,14 @@ class Row:
     step_samples_per_second: float | None = None
     """The step alone: the global batch over its time."""
     outside_step_seconds: float | None = None
+    input_seconds: float | None = None
+    """The script's loop without the step (``--input-steps``): its time per batch, median, when the
+    step is skipped, so no step hides the loader; None when not measured."""
+    input_samples_per_second: float | None = None
+    """The input pipeline alone: the global batch over :attr:`input_seconds`."""
     limited_by: str | None = None
-    """``step`` or ``input`` (the time between steps, the script's data loader above all, is the
-    larger); None when not measured."""
+    """``step`` or ``input``: the slower of the step alone and the input pipeline alone (without
+    the latter, of the step and the time between steps); None when not measured."""
     flops_per_step: float | None = None
     model_flops_per_step: float | None = None
     mfu: float | None = None

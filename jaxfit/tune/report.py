@@ -24,6 +24,7 @@ def tune_table(result: TuneResult) -> Table:
         ("samples/s", "right"),
         ("MFU", "right"),
         ("between steps s", "right"),
+        ("input alone /s", "right"),
         ("limited by", "left"),
         ("input needed /s", "right"),
         ("status", "left"),
@@ -40,6 +41,7 @@ def tune_table(result: TuneResult) -> Table:
             f"{r.samples_per_second:.1f}" if r.samples_per_second else "-",
             f"{r.mfu:.1%}" if r.mfu is not None else "-",
             f"{r.outside_step_seconds:.4f}" if r.outside_step_seconds is not None else "-",
+            f"{r.input_samples_per_second:.1f}" if r.input_samples_per_second else "-",
             r.limited_by or "-",
             format_bytes(r.input_bytes_per_second) if r.input_bytes_per_second else "-",
             r.status + (" (cached)" if r.cached else "") + (f": {r.note}" if r.note and r.status != "measured" else ""),
@@ -98,6 +100,7 @@ COLUMNS = [
     "samples_per_second",
     "mfu",
     "outside_step_seconds",
+    "input_samples_per_second",
     "limited_by",
     "input_bytes_per_second",
 ]
