@@ -20,7 +20,9 @@ For each setting (remat and precision of a built-in example, or a script's own f
    comes first, is not counted).
 3. **Measure**: a fresh training process under the fraction loads the candidate's pinned program,
    runs warm-up steps, then timed steps (jaxfit's start-up hook times each step, and the time the
-   script spends between steps), and is stopped (:mod:`jaxfit._probe.jaxfit_measure`); or, with
+   script spends between steps; then ``--input-steps`` iterations of the script's loop with the
+   step skipped: the input pipeline's own rate), and is stopped (:mod:`jaxfit._probe.jaxfit_measure`,
+   :mod:`jaxfit.tune.measure`); or, with
    ``--measure inline``, the compile process that proved the program times it. **Candidates that
    are clearly slower stop early**: after the first quarter of the timed steps (of 4 or more), a candidate more
    than ``--drop-margin`` (10 %) below the best rate measured so far is dropped (successive
@@ -29,8 +31,11 @@ For each setting (remat and precision of a built-in example, or a script's own f
    program's fingerprint, the fraction, the device and the versions (whole ones only).
 4. **Rank** by samples per second, with the compiled peak and headroom, step time, MFU (model
    FLOPs from the compiled cost analysis of the same step without remat, where it was compiled;
-   else the program's own FLOPs, recompute included, and the row says so) and the input bandwidth
-   the rate needs (bytes per sample x samples/s).
+   else the program's own FLOPs, recompute included, and the row says so), the input bandwidth
+   the rate needs (bytes per sample x samples/s), and whether the step or the input limits it.
+
+Implementation: :mod:`jaxfit.tune.model` (options, rows, result), :mod:`jaxfit.tune.prove` (step 1),
+:mod:`jaxfit.tune.measure` (step 3); this module runs them in order and ranks.
 """
 
 from __future__ import annotations
