@@ -126,6 +126,7 @@ def test_a_proven_program_is_not_started_in_a_pool_smaller_than_its_peak(tmp_pat
     assert report["stopped"] is True and report["stopped_for"] == "cap" and report["program_pinned"] is False
 
 
+@pytest.mark.slow  # real compiles
 def test_the_smallest_fraction_of_a_card_a_little_larger_than_the_gpu_is_searched_up_to_what_the_gpu_holds(
     monkeypatch,
 ) -> None:
@@ -145,6 +146,7 @@ def test_the_smallest_fraction_of_a_card_a_little_larger_than_the_gpu_is_searche
         jaxfit.fit_fraction(jaxfit.example_source("mlp-tiny"), 2048, options)
 
 
+@pytest.mark.slow  # real compiles
 def test_on_a_gpu_an_answer_leaves_room_for_the_loops_next_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """openpi's train.py dispatches step N, then fetches batch N + 1 onto the device while the step
     runs. pi0.5 at batch 40 (peak 71.99 GiB of 72.00, 6.5 MB to spare, 72.3 MB of inputs a batch)
