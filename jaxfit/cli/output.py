@@ -173,11 +173,9 @@ class ProgressPrinter:
                 )
             else:
                 fits = o.memory.need_bytes <= data["budget"]
-                nxt = o.memory.next_input_bytes
                 c.print(
-                    f"[dim]  batch {o.batch_size}{where}: peak {format_bytes(o.memory.peak_bytes)}"
-                    + (f" + next batch {format_bytes(nxt)}" if nxt else "")
-                    + f" {'fits' if fits else 'does not fit'} ({o.compile_seconds:.1f} s{', cache' if o.cached else ''})[/]"
+                    f"[dim]  batch {o.batch_size}{where}: peak {o.memory.need_words()} "
+                    f"{'fits' if fits else 'does not fit'} ({o.compile_seconds:.1f} s{', cache' if o.cached else ''})[/]"
                 )
         elif event == "note":
             c.print(f"[dim]{data['text']}[/]")

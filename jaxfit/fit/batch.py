@@ -34,7 +34,6 @@ from jaxfit.fit.common import (
     raise_compile_error,
 )
 from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome, DeviceInfo
-from jaxfit.fit.memory import MemoryReport
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
 from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
@@ -52,8 +51,8 @@ class _Rounds:
         self.count = 0
 
     def evaluator(self, autotune: bool, threads: int, keep_untuned: bool = False):
-        """``batches -> {batch: peak - budget}`` compiling with or without autotuning (``keep_untuned``:
-        the child keeps the untuned programs, to be timed)."""
+        """``batches -> {batch: need - budget}`` (:attr:`MemoryReport.need_bytes`) compiling with or
+        without autotuning (``keep_untuned``: the child keeps the untuned programs, to be timed)."""
 
         def evaluate(batches: list[int]) -> dict[int, float]:
             self.count += 1
@@ -240,10 +239,12 @@ def _does_not_fit(rounds: _Rounds, grid: Grid, options: FitOptions, fraction: fl
     if memory is None or need is None:
         needs = "the compile itself ran out of memory"
     elif need > total:
-        needs = f"its compiled peak is {_with_next_batch(memory)}, more than the whole device ({budget_mod.format_bytes(total)})"
+        needs = (
+            f"its compiled peak is {memory.need_words()}, more than the whole device ({budget_mod.format_bytes(total)})"
+        )
     else:
         needs = (
-            f"its compiled peak is {_with_next_batch(memory)}, about fraction "
+            f"its compiled peak is {memory.need_words()}, about fraction "
             f"{budget_mod.fraction_for_bytes(need, total):.2f} of this device"
         )
     hint = (
@@ -298,13 +299,6 @@ def _search_listed(
     return SearchResult(answer, found.outcome, found.rounds, found.evaluations, known), Grid(
         listed[0], listed[-1], step
     )
-
-
-def _with_next_batch(memory: MemoryReport) -> str:
-    """A compile's peak, and on a GPU the loop's next batch that the pool holds beside it."""
-    peak = budget_mod.format_bytes(memory.peak_bytes)
-    nxt = memory.next_input_bytes
-    return f"{peak} + {budget_mod.format_bytes(nxt)} for the next batch" if nxt else peak
 
 
 def _time_untuned(
@@ -468,9 +462,9 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
     neighbour = rounds.latest.get(above_answer)
     above = fitting_above(candidates, answer, tuned_only=tuned)
     message = (
-        f"batch {answer} fits: peak {_with_next_batch(final)} of a {budget_mod.format_bytes(budget)} budget"
+        f"batch {answer} fits: peak {final.need_words()} of a {budget_mod.format_bytes(budget)} budget"
         + (
-            f"; batch {above_answer} needs {_with_next_batch(neighbour.memory)}"
+            f"; batch {above_answer} needs {neighbour.memory.need_words()}"
             if outcome == "boundary" and neighbour is not None and neighbour.memory is not None
             else f"; batch {above_answer} runs out of memory while compiling"
             if outcome == "boundary"

@@ -194,7 +194,7 @@ def fit_fraction(
         return int(total * units / FRACTION_STEPS)
 
     if full.memory is None or full.memory.need_bytes + options.headroom_bytes > limit_of(highest):
-        shown = budget_mod.format_bytes(full.memory.need_bytes) if full.memory else "more than the device"
+        shown = full.memory.need_words() if full.memory else "more than the device"
         where = (
             f"even the whole device ({budget_mod.format_bytes(total)})"
             if highest == FRACTION_STEPS

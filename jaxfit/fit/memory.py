@@ -47,6 +47,14 @@ class MemoryReport:
         """What a training process needs in its pool for this step: its peak and the next batch."""
         return self.peak_bytes + self.next_input_bytes
 
+    def need_words(self) -> str:
+        """:attr:`need_bytes` for people: the peak, and on a GPU the next batch beside it
+        (``71.77 GiB + 67.27 MiB for the next batch``)."""
+        from jaxfit.fit.budget import format_bytes
+
+        peak = format_bytes(self.peak_bytes)
+        return f"{peak} + {format_bytes(self.next_input_bytes)} for the next batch" if self.next_input_bytes else peak
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, with ``peak_bytes`` and ``need_bytes`` included."""
         d = dataclasses.asdict(self)
