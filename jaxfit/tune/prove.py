@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from jaxfit.errors import DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, FitResult, fit_batch
@@ -31,6 +32,19 @@ def _dtype_of(setting: Setting, target: Target) -> str:
 
         return str(load_config(target.example.name, dict(target.example.overrides)).dtype)
     return "float32"
+
+
+def _row(target: Target, setting: Setting, micro: int, accum: int, **fields: Any) -> Row:
+    """The row of ``setting`` at ``micro x accum``, with its precision and remat."""
+    return Row(
+        setting.name,
+        micro,
+        accum,
+        micro * accum,
+        precision=_dtype_of(setting, target),
+        remat=setting.remat,
+        **fields,
+    )
 
 
 def _prove(
@@ -182,17 +196,7 @@ def _search_setting(
         largest = fit_batch(source or target.source(setting, 1, None), searched, progress=progress)
     except DoesNotFitError as err:
         g = tune.global_batch or 1
-        row = Row(
-            setting.name,
-            1,
-            g,
-            g,
-            fits=False,
-            status="does not fit",
-            note=err.what,
-            precision=_dtype_of(setting, target),
-            remat=setting.remat,
-        )
+        row = _row(target, setting, 1, g, fits=False, status="does not fit", note=err.what)
         return _Searched(setting, None, time.perf_counter() - began, [row], {})
     rank_seconds = sum(float(t.get("seconds") or 0) for t in largest.untuned_timings)
     return _Searched(
@@ -221,15 +225,7 @@ def _prove_row(
     assert largest is not None
     inline = tune.measure == "inline"
     accum = (tune.global_batch or micro) // micro
-    row = Row(
-        setting.name,
-        micro,
-        accum,
-        micro * accum,
-        precision=_dtype_of(setting, target),
-        remat=setting.remat,
-        untuned_samples_per_second=searched.rates.get(micro),
-    )
+    row = _row(target, setting, micro, accum, untuned_samples_per_second=searched.rates.get(micro))
     if inline:
         options = dataclasses.replace(options, time_steps=(tune.warmup, tune.steps), time_give_up=leader.give_up())
     try:
@@ -263,15 +259,13 @@ def _prove_row(
 def _no_divisor_row(target: Target, searched: _Searched, tune: TuneOptions) -> Row:
     largest = searched.largest
     assert largest is not None
-    return Row(
-        searched.setting.name,
+    return _row(
+        target,
+        searched.setting,
         largest.batch_size,
         1,
-        largest.batch_size,
         status="does not fit",
         note=f"no micro-batch up to {largest.batch_size} divides the global batch {tune.global_batch}",
-        precision=_dtype_of(searched.setting, target),
-        remat=searched.setting.remat,
     )
 
 
@@ -341,15 +335,13 @@ def _prove_ranked(
         if rung.left_out(c):
             accum = tune.global_batch // c.micro_batch
             proofs.rows.append(
-                Row(
-                    c.setting,
+                _row(
+                    target,
+                    searched.setting,
                     c.micro_batch,
                     accum,
-                    tune.global_batch,
                     status="ranked out",
                     note=rung.why(c),
-                    precision=_dtype_of(searched.setting, target),
-                    remat=searched.setting.remat,
                     untuned_samples_per_second=c.untuned_rate,
                 )
             )
