@@ -220,6 +220,28 @@ def pin_answer(
     return pin, note
 
 
+def recompiled_verdict(written: MemoryReport, proven: MemoryReport, budget_bytes: int) -> tuple[str | None, str | None]:
+    """``(refusal, note)`` for a program compiled again for the pin (its proof came from the cache).
+
+    The program written is held to the proof's own rule: its peak plus, on a GPU, the loop's next
+    batch (``proven.next_input_bytes``; the written program's report is the child's, which does not
+    carry it) within the budget. A refusal says the pin cannot be made; a note says the peak moved
+    but still fits; both are ``None`` when the peak is the proven one.
+    """
+    if written.peak_bytes == proven.peak_bytes:
+        return None, None
+    need = dataclasses.replace(written, next_input_bytes=proven.next_input_bytes)
+    if need.need_bytes > budget_bytes:
+        return (
+            f"not pinned: compiled again for the pin (the proof came from jaxfit's cache), the program "
+            f"needs {need.need_words()}, over the budget of {format_bytes(budget_bytes)}; fit again with --no-cache"
+        ), None
+    return None, (
+        f"the pinned program was compiled again (the proof came from jaxfit's cache): it needs "
+        f"{need.need_words()}, within the budget"
+    )
+
+
 def _describe(
     reply: Mapping[str, Any],
     folder: Path,
@@ -244,16 +266,10 @@ def _describe(
     if size != int(reply["bytes"]):
         return None, f"not pinned: the program written has {size} bytes of {reply['bytes']}"
     note = None
-    if reply.get("recompiled") and written.peak_bytes != proven.peak_bytes:
-        if written.peak_bytes > budget_bytes:
-            return None, (
-                f"not pinned: compiled again for the pin (the proof came from jaxfit's cache), the program "
-                f"needs {format_bytes(written.peak_bytes)}, over the budget; fit again with --no-cache"
-            )
-        note = (
-            f"the pinned program was compiled again (the proof came from jaxfit's cache): its peak is "
-            f"{format_bytes(written.peak_bytes)}, within the budget"
-        )
+    if reply.get("recompiled"):
+        refusal, note = recompiled_verdict(written, proven, budget_bytes)
+        if refusal:
+            return None, refusal
     pin = Pin(
         path=str(folder / PIN_FILE),
         step_name=step_name,
