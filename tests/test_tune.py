@@ -372,6 +372,13 @@ def test_a_tune_of_an_example_proves_every_setting_in_one_compile_process(monkey
     # four fits (per setting: its largest micro-batch, 8 x 1, and the proof of 4 x 2): one start, three loads
     assert len(fitted) == 4 and (len(starts), len(loads)) == (1, 3)
     assert all(r.status == "measured" for r in fitted)
+    # what each proof cost: the 4 x 2 rows were proved on their own, the 8 x 1 rows by their search
+    for row in fitted:
+        if row.accum_steps == 1:
+            assert row.prove_seconds is None, row
+        else:
+            assert row.prove_seconds and row.compile_seconds and row.timing_seconds, row
+            assert row.compile_seconds + row.timing_seconds <= row.prove_seconds, row
     monkeypatch.setattr(CompileChild, "load", real_load)
     by_name = {s.name: s for s in settings}
     for row in fitted[:2]:

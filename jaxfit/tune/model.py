@@ -160,6 +160,13 @@ class Row:
     untuned_samples_per_second: float | None = None
     """The micro-batch's untuned plain step, run in the compile process, as samples per second:
     what proofs are ranked by on a GPU (:mod:`jaxfit.tune.ranking`); not the candidate's speed."""
+    prove_seconds: float | None = None
+    """What proving this row cost, wall time: loading its workload into the compile process, its
+    compiles, its pin and (inline) its timing; None when it was not proved (or came with its search)."""
+    compile_seconds: float | None = None
+    """Of :attr:`prove_seconds`, the compiles (the sum over the proof's compiles, which may overlap)."""
+    timing_seconds: float | None = None
+    """Of :attr:`prove_seconds`, the inline timing: real arguments made, warm-up and timed steps."""
 
     @property
     def headroom_bytes(self) -> int | None:

@@ -228,6 +228,7 @@ def _prove_row(
     row = _row(target, setting, micro, accum, untuned_samples_per_second=searched.rates.get(micro))
     if inline:
         options = dataclasses.replace(options, time_steps=(tune.warmup, tune.steps), time_give_up=leader.give_up())
+    began = time.perf_counter()
     try:
         fit = _prove(target, setting, micro, accum, largest, options, progress)
     except DoesNotFitError as err:  # "not even batch G fits": G is the global batch, accumulated
@@ -235,10 +236,23 @@ def _prove_row(
             "does not fit",
             err.what.replace(f"not even batch {micro * accum} fits", f"{micro} x {accum} does not fit", 1),
         )
+        row.prove_seconds = round(time.perf_counter() - began, 3)
         return row, None
     except JaxfitError as err:
         row.status, row.note = "does not fit", str(err).split(";")[0]
+        row.prove_seconds = round(time.perf_counter() - began, 3)
         return row, None
+    if fit is not largest:  # its own proof (the search's answer, when it is the program, cost nothing more)
+        row.prove_seconds = round(time.perf_counter() - began, 3)
+        row.compile_seconds = round(sum(c.compile_seconds for c in fit.candidates), 3)
+        timed = (fit.timing or {}).get("seconds")
+        row.timing_seconds = round(float(timed), 3) if timed is not None else None
+        notify(
+            progress,
+            "note",
+            text=f"tune: {setting.name} at {micro} x {accum}: proved in {row.prove_seconds:.1f} s (compiles "
+            f"{row.compile_seconds:.1f} s" + (f", timing {row.timing_seconds:.1f} s)" if timed is not None else ")"),
+        )
     batch_bytes = next((c["bytes"] for c in fit.breakdown if c["name"] == "batch"), None)
     row.peak_bytes, row.budget_bytes, row.fits = fit.peak_bytes, fit.budget_bytes, True
     row.flops_per_step = _flops_per_step(micro, accum, fit, largest)
