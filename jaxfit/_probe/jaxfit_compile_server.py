@@ -54,6 +54,26 @@ TUNED_LEVEL = os.environ.get("JAXFIT_AUTOTUNE_LEVEL")
 """Experimental: the ``xla_gpu_autotune_level`` of autotuned compiles (unset: XLA's default, 4, as
 the training run itself uses). Levels 1-3 skip buffer re-initialisation and result checking; the
 benchmark ``benchmarks/bench_autotune_level.py`` measures whether they change peaks or save time."""
+UNTUNED_OPTIONS_ENV = "JAXFIT_UNTUNED_COMPILER_OPTIONS"
+"""Experimental: a JSON object of XLA options added to the untuned compiles of a GPU (the search's
+guides and ``--rank-untuned``'s programs), e.g. ``{"xla_gpu_enable_triton_gemm": false}`` to
+try cuBLAS's heuristics in place of Triton GEMMs at their default tiles (on an H200 the untuned
+programs ran 12x slower than the tuned ones). Proofs are never compiled with them."""
+
+
+def untuned_options() -> Dict[str, Any]:
+    """The options of :data:`UNTUNED_OPTIONS_ENV` (empty when unset); a bad value stops the server
+    with a one-line error naming the variable."""
+    text = os.environ.get(UNTUNED_OPTIONS_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError("%s must be a JSON object of XLA options, got %r" % (UNTUNED_OPTIONS_ENV, text[:80]))
+    return value
 
 
 def is_out_of_memory(message: str) -> bool:
@@ -510,6 +530,7 @@ class Server:
             options: Dict[str, Any] = {}
             if self.info["limit_sensitive"] and not autotune:
                 options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (docs/facts.md #6)
+                options.update(untuned_options())
             elif self.info["limit_sensitive"] and TUNED_LEVEL:
                 options["xla_gpu_autotune_level"] = int(TUNED_LEVEL)  # an experiment; see below
             key = self._cache_key(fingerprint, options)
