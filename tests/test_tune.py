@@ -363,7 +363,8 @@ def test_a_tune_of_an_example_proves_every_setting_in_one_compile_process(monkey
     monkeypatch.setattr(CompileChild, "start", start)
     monkeypatch.setattr(CompileChild, "load", load)
     target = Target(example=example_source("gpt-tiny", {"n_layers": "1"}))
-    settings = example_settings(["none", "full"], ["float32"])
+    # two remat policies, neither the other's twin without remat: both are proved
+    settings = example_settings(["full", "dots"], ["float32"])
     options = FitOptions(mem_fraction=0.3, device_memory_bytes=1 << 30, use_cache=False)
     result = tune(
         target, settings, options, TuneOptions(global_batch=8, micro_batches=2, warmup=1, steps=2, measure="inline")
@@ -500,3 +501,26 @@ def test_on_a_gpu_micro_batches_are_ranked_untuned_and_a_clearly_slower_setting_
     assert out.note.startswith(f"untuned it ran at {out.untuned_samples_per_second:.1f} samples/s, more than 10% below")
     assert "not proved as clearly slower untuned" in result.message
     assert result.phase_seconds["rank"] > 0
+
+
+def test_a_remat_setting_is_not_proved_where_its_twin_without_remat_fits():
+    """remat=full listed first: the tune proves remat=none first, and since none fits micro-batch 8
+    (the whole global batch), remat=full at 8 or below can only be slower (the same work and a
+    recompute): it is not proved, and its one row says why. Real compiles, timed inline."""
+    from jaxfit.fit import FitOptions
+    from jaxfit.fit.sources import example_source
+    from jaxfit.tune import Target, TuneOptions, example_settings, tune
+
+    settings = example_settings(["full", "none"], ["float32"])
+    result = tune(
+        Target(example=example_source("gpt-tiny", {"n_layers": "1"})),
+        settings,
+        FitOptions(mem_fraction=0.3, device_memory_bytes=1 << 30, use_cache=False),
+        TuneOptions(global_batch=8, micro_batches=2, warmup=1, steps=2, measure="inline"),
+    )
+    full = [r for r in result.rows if r.setting == "remat=full,precision=float32"]
+    none = [r for r in result.rows if r.setting == "remat=none,precision=float32"]
+    assert [(r.micro_batch, r.status) for r in full] == [(8, "cannot win")], full
+    assert "remat=none,precision=float32 fits micro-batch 8" in full[0].note
+    assert {(r.micro_batch, r.status) for r in none} == {(8, "measured"), (4, "measured")}, none
+    assert result.best is not None and result.best.setting == "remat=none,precision=float32"

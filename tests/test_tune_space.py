@@ -115,3 +115,13 @@ def test_the_flops_of_a_step_come_from_the_search_s_untuned_compile_before_the_p
     assert _flops_per_step(32, 4, fit(b128=1e12), search) == 0.98e12 * 4  # one micro-batch, times the steps
     assert _flops_per_step(128, 1, fit(b128=2.6e11), search) == 2.6e11  # the search has no 128: the proof's
     assert _flops_per_step(16, 8, fit(), search) == 1.95e12 / 64 * 128  # per sample of the widest, times G
+
+
+def test_a_remat_setting_names_its_twin_without_remat_and_others_have_none():
+    from jaxfit.tune.space import plain_twin
+
+    by_name = {s.name: s for s in example_settings(["none", "full", "dots"], ["bfloat16"])}
+    assert plain_twin(by_name["remat=full,precision=bfloat16"]) == "remat=none,precision=bfloat16"
+    assert plain_twin(by_name["remat=dots,precision=bfloat16"]) == "remat=none,precision=bfloat16"
+    assert plain_twin(by_name["remat=none,precision=bfloat16"]) is None
+    assert all(plain_twin(s) is None for s in script_settings(["--remat=none,full"]))  # a script's flags: not read

@@ -7,7 +7,9 @@ For each setting (remat and precision of a built-in example, or a script's own f
    then each micro-batch ``m`` that divides the global batch ``G`` (the largest few that fit) is
    compiled as it will run, accumulated over ``G / m`` steps, to prove it fits (one autotuned
    compile each on a GPU; one that does not fit gives way to the next divisor down); each proof
-   pins its program. For a
+   pins its program. A built-in example's remat setting is proved only at micro-batches larger
+   than the largest its twin without remat was proved to fit (settings without remat go first):
+   at one micro-batch remat does the same work and a recompute (:func:`jaxfit.tune.space.plain_twin`). For a
    built-in example every fit of the tune runs in one compile process, which switches workloads
    (:func:`jaxfit.fit.batch.shared_compile_process`); a script is probed in its own process each time.
    With ``--rank-untuned`` (experimental; a GPU with ``--measure inline``), the search's untuned
@@ -58,7 +60,7 @@ from jaxfit.tune.measure import _apply, _measure, _measurements
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
 from jaxfit.tune.prove import _Proofs, _prove_descending, _prove_ranked, _ranks, _search_setting
-from jaxfit.tune.space import Setting, upper_bound_samples_per_second
+from jaxfit.tune.space import Setting, plain_twin, upper_bound_samples_per_second
 
 __all__ = [
     "DROP_MARGIN",
@@ -90,6 +92,15 @@ def _mfu(rows: Sequence[Row], peaks: Callable[[str], float | None]) -> None:
             r.mfu_source = "compiled FLOPs of this program (remat's recompute counted)" if r.remat else "compiled FLOPs"
         peak = peaks(r.precision)
         r.mfu = r.model_flops_per_step / r.step_seconds / peak if peak else None
+
+
+def _twin_floor(setting: Setting, proofs: _Proofs) -> tuple[str, int] | None:
+    """``(twin, micro-batch)``: the largest micro-batch proved to fit of ``setting``'s twin without
+    remat (:func:`jaxfit.tune.space.plain_twin`), below which ``setting`` cannot be the faster;
+    None when it has no twin or the twin fitted none."""
+    twin = plain_twin(setting)
+    fitted = [micro for (name, micro, _), _fit in proofs.fits.items() if name == twin]
+    return (twin, max(fitted)) if twin is not None and fitted else None
 
 
 def tune(
@@ -131,12 +142,16 @@ def tune(
                 proofs.rows += [r for s in searches for r in s.rows]
                 _prove_ranked(target, searches, options, tuning, leader, progress, proofs)
             else:  # setting by setting, so that each is timed against the best of those before it
-                for setting in settings:
+                # (those without remat first: a remat setting is then proved only at micro-batches
+                # its twin without remat cannot hold, where it can be the faster)
+                for setting in sorted(settings, key=lambda s: s.remat):
                     searched = _search_setting(target, setting, options, tuning, leader, progress)
                     searches.append(searched)
                     proofs.rows += searched.rows
                     if searched.largest is not None:
-                        _prove_descending(target, searched, options, tuning, leader, progress, proofs)
+                        _prove_descending(
+                            target, searched, options, tuning, leader, progress, proofs, _twin_floor(setting, proofs)
+                        )
             search_seconds = sum(s.seconds for s in searches)
             rank_seconds = sum(s.rank_seconds for s in searches)
             rows, fits = proofs.rows, proofs.fits

@@ -291,15 +291,28 @@ def _prove_descending(
     leader: _Leader,
     progress: Progress | None,
     proofs: _Proofs,
+    floor: tuple[str, int] | None = None,
 ) -> None:
     """Prove one setting's micro-batches largest first, until ``tune.micro_batches`` of them fit
-    or (inline) one ran slower than the one above it."""
+    or (inline) one ran slower than the one above it. ``floor``: ``(twin, micro-batch)``, the
+    largest micro-batch the setting's twin without remat was proved to fit
+    (:func:`jaxfit.tune.space.plain_twin`): this one is proved only above it."""
     largest = searched.largest
     assert largest is not None
     rows: list[Row] = []
     proven = 0
     for micro in _micro_batches_to_prove(tune, largest):
         if proven >= tune.micro_batches:
+            break
+        if floor is not None and micro <= floor[1]:
+            why = (
+                f"{floor[0]} fits micro-batch {floor[1]}, and at a micro-batch remat only adds work: "
+                "micro-batches up to it are not tried"
+            )
+            notify(progress, "note", text=f"tune: {searched.setting.name}: {why}")
+            if not rows:  # nothing of this setting can win: one row says so
+                accum = (tune.global_batch or micro) // micro
+                rows.append(_row(target, searched.setting, micro, accum, status="cannot win", note=why))
             break
         slower = _past_the_peak(rows) if tune.measure == "inline" else None
         if slower is not None:

@@ -36,6 +36,20 @@ class Setting:
         return any(f"remat={v}" in text for v in ("full", "dots", "dots_no_batch", "true", "nothing"))
 
 
+def plain_twin(setting: Setting) -> str | None:
+    """The name of the same built-in example setting without rematerialisation (``remat=full,
+    precision=bfloat16`` -> ``remat=none,precision=bfloat16``), or None for a setting that does not
+    rematerialise or is a script's (whose flags jaxfit does not interpret).
+
+    At one micro-batch the rematerialising program does the twin's work and recomputes part of its
+    forward pass besides, so it is never the faster of the two where the twin fits (measured on
+    H100s: gpt-small and vit-small, every micro-batch, 6-17 % slower; benchmarks/README.md section
+    17): a tune proves a remat setting only at micro-batches its twin cannot hold."""
+    if dict(setting.overrides).get("remat") != "true":
+        return None
+    return ",".join("remat=none" if part.startswith("remat=") else part for part in setting.name.split(","))
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """A setting at one micro-batch: ``global_batch = micro_batch x accum_steps``."""
