@@ -10,3 +10,17 @@ fi
 export PYTHONPATH=/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+
+# bench_side GPU NAME ARGS...: one side of a benchmark, `python3 benchmarks/bench_tune.py run
+# $BENCH_COMMON --out $OUT/NAME ARGS...` on CUDA device GPU, ended by the call's LIMIT (seconds
+# since the script started: bash's SECONDS); skipped with under 30 s left; its exit is appended
+# to $OUT/sides.txt. Set BENCH_COMMON (an array) and LIMIT before calling it.
+bench_side() {
+  local gpu=$1 name=$2 left=$((LIMIT - SECONDS))
+  shift 2
+  mkdir -p "$OUT/$name"
+  if [ "$left" -lt 30 ]; then echo "$name skipped: $left s left" | tee -a "$OUT/sides.txt"; return; fi
+  CUDA_VISIBLE_DEVICES=$gpu timeout --signal=TERM --kill-after=10 "$left" \
+    python3 benchmarks/bench_tune.py "${BENCH_COMMON[@]}" --out "$OUT/$name" "$@" >"$OUT/$name/bench.log" 2>&1
+  echo "$name exit $? after $SECONDS s" | tee -a "$OUT/sides.txt"
+}
