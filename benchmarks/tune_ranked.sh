@@ -19,30 +19,21 @@ PRECISION=${4:-bfloat16}
 FINAL=${OUT:-/tmp/tune-ranked}
 LIMIT=${LIMIT_S:-545}
 OUT=/tmp/tune-ranked-sides
-. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
+. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt, bench_side
 mkdir -p "$FINAL"
 HOST_GPUS=${HOST_GPUS:-4}  # not GPUS: gpu_run.sh reads that as run --gpus
 if [ -d .openpi ]; then
   (OUT="$FINAL/openpi" CELLS_DIR=/tmp/cells BUDGET_S=$((LIMIT - 15)) \
     bash benchmarks/openpi/gpu_cells.sh "$((HOST_GPUS - 1)) run pi05_libero 80GiB 39-40" >"$OUT/openpi-cells.log" 2>&1) &
 fi
-common=(run --example "$EXAMPLE" --global-batch "$GLOBAL" --fraction "$FRACTION" --precision "$PRECISION")
-one() {  # GPU NAME ARGS...: one side, ended by the call's LIMIT
-  local gpu=$1 name=$2 left=$((LIMIT - SECONDS))
-  shift 2
-  mkdir -p "$OUT/$name"
-  if [ "$left" -lt 30 ]; then echo "$name skipped: $left s left" | tee -a "$OUT/sides.txt"; return; fi
-  CUDA_VISIBLE_DEVICES=$gpu timeout --signal=TERM --kill-after=10 "$left" \
-    python3 benchmarks/bench_tune.py "${common[@]}" --out "$OUT/$name" "$@" >"$OUT/$name/bench.log" 2>&1
-  echo "$name exit $? after $SECONDS s" | tee -a "$OUT/sides.txt"
-}
+BENCH_COMMON=(run --example "$EXAMPLE" --global-batch "$GLOBAL" --fraction "$FRACTION" --precision "$PRECISION")
 tune=(tune-ranked --remat none,full --skip-grid --tune-arg=--measure=inline --tune-arg=--rank-untuned)
 if [ "$HOST_GPUS" = 2 ]; then
-  (one 0 "${tune[@]}"; one 0 grid-none --remat none --skip-tune) &
+  (bench_side 0 "${tune[@]}"; bench_side 0 grid-none --remat none --skip-tune) &
 else
-  one 0 "${tune[@]}" &
-  one 1 grid-none --remat none --skip-tune &
-  one 2 grid-full --remat full --skip-tune &
+  bench_side 0 "${tune[@]}" &
+  bench_side 1 grid-none --remat none --skip-tune &
+  bench_side 2 grid-full --remat full --skip-tune &
 fi
 wait
 python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); t=r.get("tune") or {}; b=t.get("best") or {}; print("tune wall", r.get("tune_wall_s"), "phases", t.get("phase_seconds"), "best", b.get("setting"), b.get("micro_batch"), "x", b.get("accum_steps"), round(b.get("samples_per_second") or 0, 1)); [print("  ", x["setting"], x["micro_batch"], "x", x["accum_steps"], x["status"], round(x.get("samples_per_second") or 0, 1), "untuned", round(x.get("untuned_samples_per_second") or 0, 1)) for x in t.get("rows", [])]' "$OUT/tune-ranked/raw.jsonl" 2>&1
