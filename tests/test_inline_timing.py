@@ -31,3 +31,13 @@ def test_the_donated_state_is_fed_back_from_the_output_that_has_its_shapes():
     assert fed is not None and fed[0] is new_state and fed[1] is batch
     assert _fed_back([state, batch], (metrics,), donated=(0,)) is None  # no output holds the state
     assert _fed_back([state, batch], metrics, donated=()) == [state, batch]
+
+
+def test_leaves_larger_than_the_noise_block_are_filled_with_noise_and_differ_from_each_other():
+    from jaxfit._probe.jaxfit_compile_server import NOISE_BLOCK
+
+    shape = (3, NOISE_BLOCK // 2 + 5)  # 1.5 blocks and a bit
+    a, b = real_arguments((jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.bfloat16)))
+    assert a.shape == shape and b.dtype == jnp.bfloat16
+    assert 0.9 < float(jnp.std(a)) < 1.1 and abs(float(jnp.mean(a))) < 0.05
+    assert not bool(jnp.array_equal(a.astype(jnp.bfloat16), b))  # each leaf starts elsewhere in the block
