@@ -9,8 +9,9 @@
 #          --rank-untuned with JAXFIT_UNTUNED_COMPILER_OPTIONS='{"xla_gpu_enable_triton_gemm": false}'
 #          (do untuned programs with cuBLAS in place of default-tile Triton GEMMs run near the
 #          proven ones?) until the call's limit
-# HOST_GPUS=2: GPU 0 the tune, then the slow-loader script; GPU 1 the grid's remat=none half, then
-#   the remat=full half's micro-batches 8 and 16 (its best two on H100s, sections 15 and 17)
+# HOST_GPUS=2: GPU 0 the tune, then the remat=full half's micro-batches 16..1; GPU 1 the grid's
+#   remat=none half, then the remat=full half's 64 and 32: the whole grid and the tune in one call
+#   (the slow-loader script ran on 2 H200s on 2026-11-28, results/h200x2/tune-same-card/)
 # The grid's wall time is the sum of its two halves (what it takes on one card). From the
 # repository root on the GPU machine (tyro and wandb wheels carried in .whl):
 #   OUT=$OUT LIMIT_S=545 HOST_GPUS=4 bash benchmarks/tune_same_card_x4.sh
@@ -34,8 +35,8 @@ slow_loader() {  # GPU: jaxfit tune of a script whose loader sleeps 0.3 s a batc
   echo "script-slow-loader exit $? after $((SECONDS - start)) s" | tee -a "$OUT/sides.txt"
 }
 if [ "$HOST_GPUS" = 2 ]; then
-  (bench_side 0 tune --remat none,full --skip-grid; slow_loader 0) &
-  (bench_side 1 grid-none --remat none --skip-tune; bench_side 1 grid-full --remat full --skip-tune --grid-micro 8,16) &
+  (bench_side 0 tune --remat none,full --skip-grid; bench_side 0 grid-full-a --remat full --skip-tune --grid-micro 16,8,4,2,1) &
+  (bench_side 1 grid-none --remat none --skip-tune; bench_side 1 grid-full-b --remat full --skip-tune --grid-micro 64,32) &
 else
   bench_side 0 tune --remat none,full --skip-grid &
   bench_side 1 grid-none --remat none --skip-tune &
@@ -51,6 +52,6 @@ for name in tune tune-ranked-cublas; do
   [ -f "$OUT/$name/raw.jsonl" ] || continue
   python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); t=r.get("tune") or {}; b=t.get("best") or {}; print(sys.argv[2], "wall", r.get("tune_wall_s"), "phases", t.get("phase_seconds"), "best", b.get("setting"), b.get("micro_batch"), "x", b.get("accum_steps"), round(b.get("samples_per_second") or 0, 1)); [print("  ", x["setting"], x["micro_batch"], "x", x["accum_steps"], x["status"], round(x.get("samples_per_second") or 0, 1), "untuned", x.get("untuned_samples_per_second"), "prove_s", x.get("prove_seconds"), "compile_s", x.get("compile_seconds"), "timing_s", x.get("timing_seconds")) for x in t.get("rows", [])]' "$OUT/$name/raw.jsonl" "$name" 2>&1
 done
-python3 benchmarks/bench_tune.py grid "$OUT/grid-none" "$OUT/grid-full"
-grep -hE "limited|input" "$OUT/script-slow-loader/stdout.txt" | head -5
+python3 benchmarks/bench_tune.py grid "$OUT"/grid-*
+[ -f "$OUT/script-slow-loader/stdout.txt" ] && grep -hE "limited|input" "$OUT/script-slow-loader/stdout.txt" | head -5
 (cd "$OUT" && tar --exclude='*.png' -czf "$FINAL/all.tgz" .)
