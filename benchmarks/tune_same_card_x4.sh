@@ -30,7 +30,7 @@ slow_loader() {  # GPU: jaxfit tune of a script whose loader sleeps 0.3 s a batc
   mkdir -p "$OUT/script-slow-loader"
   (cd "$OUT/script-slow-loader" && CUDA_VISIBLE_DEVICES=$1 timeout --signal=TERM --kill-after=10 $((LIMIT - SECONDS)) \
     python3 -m jaxfit.cli tune --script --micro-batches 2 --max-batch 64 --mem-fraction 0.3 --batch-flag --bs \
-    --json tune.json -- python3 "$REPO/tests/fixtures/shaped_train.py" --steps 8 --input-seconds 0.3 \
+    --json tune.json -- python3 "$REPO/tests/fixtures/shaped_train.py" --steps 12 --input-seconds 0.3 \
     >stdout.txt 2>tune.log)
   echo "script-slow-loader exit $? after $((SECONDS - start)) s" | tee -a "$OUT/sides.txt"
 }

@@ -524,3 +524,18 @@ def test_a_remat_setting_is_not_proved_where_its_twin_without_remat_fits():
     assert "remat=none,precision=float32 fits micro-batch 8" in full[0].note
     assert {(r.micro_batch, r.status) for r in none} == {(8, "measured"), (4, "measured")}, none
     assert result.best is not None and result.best.setting == "remat=none,precision=float32"
+
+
+def test_a_script_too_short_for_its_input_to_be_timed_says_so_in_its_row(tmp_path, run_cli):
+    """--warmup 1 --steps 2 --input-steps 3 needs 7 steps of the script (the first loop iteration
+    after the timed steps overlaps the last step): a script of 5 steps gets its rate, and a row note
+    that its input alone was not measured and what it needs."""
+    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
+    proc = run_cli(
+        "tune", "--script", "--micro-batches", "1", "--max-batch", "16", *TINY, "--batch-flag", "--bs",
+        "--json", "t.json", "--", sys.executable, shaped, "--steps", "5", "--input-seconds", "0.05",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = [r for r in _result(tmp_path)["rows"] if r["status"] == "measured"]
+    assert measured and all(r["input_seconds"] is None for r in measured)
+    assert all("its input alone was not measured" in r["note"] and "7 steps or more" in r["note"] for r in measured)

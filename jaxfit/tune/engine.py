@@ -197,6 +197,12 @@ def tune(
                 measured = _measure(target, by_name[row.setting], row, fit, tuning, store, leader.give_up())
                 _apply(row, measured)
                 row.measured_in = "process"
+                if row.status == "measured" and tuning.input_steps and row.input_seconds is None and not row.note:
+                    calls = tuning.warmup + tuning.steps + 1 + tuning.input_steps
+                    row.note = (
+                        f"its input alone was not measured: the script ended before {tuning.input_steps} loop "
+                        f"iterations after the timed steps (it needs {calls} steps or more; or --input-steps 0)"
+                    )
                 leader.record(row)
                 if row.samples_per_second:
                     notify(
