@@ -231,15 +231,12 @@ def _prove_row(
     began = time.perf_counter()
     try:
         fit = _prove(target, setting, micro, accum, largest, options, progress)
-    except DoesNotFitError as err:  # "not even batch G fits": G is the global batch, accumulated
-        row.status, row.note = (
-            "does not fit",
-            err.what.replace(f"not even batch {micro * accum} fits", f"{micro} x {accum} does not fit", 1),
-        )
-        row.prove_seconds = round(time.perf_counter() - began, 3)
-        return row, None
     except JaxfitError as err:
-        row.status, row.note = "does not fit", str(err).split(";")[0]
+        row.status = "does not fit"
+        if isinstance(err, DoesNotFitError):  # "not even batch G fits": G is the global batch, accumulated
+            row.note = err.what.replace(f"not even batch {micro * accum} fits", f"{micro} x {accum} does not fit", 1)
+        else:
+            row.note = str(err).split(";")[0]
         row.prove_seconds = round(time.perf_counter() - began, 3)
         return row, None
     if fit is not largest:  # its own proof (the search's answer, when it is the program, cost nothing more)
