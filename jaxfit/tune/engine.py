@@ -56,7 +56,7 @@ from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.devices import cuda_total_bytes
 from jaxfit.fit.leftovers import cleaned
 from jaxfit.fit.pin import Pin, run_environment
-from jaxfit.tune.measure import _apply, _measure, _measurements
+from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measurements
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
 from jaxfit.tune.prove import _Proofs, _prove_descending, _prove_ranked, _ranks, _search_setting
@@ -197,12 +197,7 @@ def tune(
                 measured = _measure(target, by_name[row.setting], row, fit, tuning, store, leader.give_up())
                 _apply(row, measured)
                 row.measured_in = "process"
-                if row.status == "measured" and tuning.input_steps and row.input_seconds is None and not row.note:
-                    calls = tuning.warmup + tuning.steps + 1 + tuning.input_steps
-                    row.note = (
-                        f"its input alone was not measured: the script ended before {tuning.input_steps} loop "
-                        f"iterations after the timed steps (it needs {calls} steps or more; or --input-steps 0)"
-                    )
+                row.note = row.note or _input_unmeasured_note(row, tuning) or ""
                 leader.record(row)
                 if row.samples_per_second:
                     notify(

@@ -160,6 +160,20 @@ def _timed_inline(fit: FitResult) -> dict[str, Any]:
     return {"exit_code": 1, "log_tail": tail}
 
 
+def _input_unmeasured_note(row: Row, tune: TuneOptions) -> str | None:
+    """The note of a row measured in a fresh process whose input alone was asked for
+    (``--input-steps``) and not timed: the script ended first. The hook
+    (:mod:`jaxfit._probe.jaxfit_measure`) needs warm-up + timed steps, one loop iteration that
+    overlaps the last step, then the input steps."""
+    if row.status != "measured" or not tune.input_steps or row.input_seconds is not None:
+        return None
+    calls = tune.warmup + tune.steps + 1 + tune.input_steps
+    return (
+        f"its input alone was not measured: the script ended before {tune.input_steps} loop "
+        f"iterations after the timed steps (it needs {calls} steps or more; or --input-steps 0)"
+    )
+
+
 def _apply(row: Row, measured: Mapping[str, Any]) -> None:
     steps = measured.get("step_seconds") or []
     if steps:
