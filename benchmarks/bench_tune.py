@@ -228,6 +228,50 @@ def grid_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def tune_main(args: argparse.Namespace) -> int:
+    """A tune side's summary from its --out folder: its wall time, phases and best, then each row
+    (status, rate, untuned rate, what proving it cost)."""
+    raw = Path(args.side) / "raw.jsonl"
+    if not raw.exists():
+        print(args.name or Path(args.side).name, "no raw.jsonl")
+        return 1
+    r = json.loads(raw.read_text().splitlines()[-1])
+    t = r.get("tune") or {}
+    b = t.get("best") or {}
+    print(
+        args.name or Path(args.side).name,
+        "wall",
+        r.get("tune_wall_s"),
+        "phases",
+        t.get("phase_seconds"),
+        "best",
+        b.get("setting"),
+        b.get("micro_batch"),
+        "x",
+        b.get("accum_steps"),
+        round(b.get("samples_per_second") or 0, 1),
+    )
+    for x in t.get("rows", []):
+        print(
+            "  ",
+            x["setting"],
+            x["micro_batch"],
+            "x",
+            x["accum_steps"],
+            x["status"],
+            round(x.get("samples_per_second") or 0, 1),
+            "untuned",
+            x.get("untuned_samples_per_second"),
+            "prove_s",
+            x.get("prove_seconds"),
+            "compile_s",
+            x.get("compile_seconds"),
+            "timing_s",
+            x.get("timing_seconds"),
+        )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -250,8 +294,11 @@ def main() -> int:
     p.add_argument("raw")
     p = sub.add_parser("grid", help="sum up the grid's halves (the --out folders of the grid's runs)")
     p.add_argument("halves", nargs="+")
+    p = sub.add_parser("tune", help="sum up a tune side (the --out folder of a tune run)")
+    p.add_argument("side")
+    p.add_argument("name", nargs="?", default="")
     args = parser.parse_args()
-    return {"run": run_main, "table": table_main, "grid": grid_main}[args.cmd](args)
+    return {"run": run_main, "table": table_main, "grid": grid_main, "tune": tune_main}[args.cmd](args)
 
 
 if __name__ == "__main__":

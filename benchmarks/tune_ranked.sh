@@ -36,6 +36,6 @@ else
   bench_side 2 grid-full --remat full --skip-tune &
 fi
 wait
-python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); t=r.get("tune") or {}; b=t.get("best") or {}; print("tune wall", r.get("tune_wall_s"), "phases", t.get("phase_seconds"), "best", b.get("setting"), b.get("micro_batch"), "x", b.get("accum_steps"), round(b.get("samples_per_second") or 0, 1)); [print("  ", x["setting"], x["micro_batch"], "x", x["accum_steps"], x["status"], round(x.get("samples_per_second") or 0, 1), "untuned", round(x.get("untuned_samples_per_second") or 0, 1)) for x in t.get("rows", [])]' "$OUT/tune-ranked/raw.jsonl" 2>&1
+python3 benchmarks/bench_tune.py tune "$OUT/tune-ranked"
 python3 benchmarks/bench_tune.py grid "$OUT/grid-none" "$OUT/grid-full"
 (cd "$OUT" && tar --exclude='*.png' -czf "$FINAL/tune.tgz" .)

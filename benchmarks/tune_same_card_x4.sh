@@ -49,8 +49,7 @@ else
 fi
 wait
 for name in tune tune-ranked-cublas; do
-  [ -f "$OUT/$name/raw.jsonl" ] || continue
-  python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); t=r.get("tune") or {}; b=t.get("best") or {}; print(sys.argv[2], "wall", r.get("tune_wall_s"), "phases", t.get("phase_seconds"), "best", b.get("setting"), b.get("micro_batch"), "x", b.get("accum_steps"), round(b.get("samples_per_second") or 0, 1)); [print("  ", x["setting"], x["micro_batch"], "x", x["accum_steps"], x["status"], round(x.get("samples_per_second") or 0, 1), "untuned", x.get("untuned_samples_per_second"), "prove_s", x.get("prove_seconds"), "compile_s", x.get("compile_seconds"), "timing_s", x.get("timing_seconds")) for x in t.get("rows", [])]' "$OUT/$name/raw.jsonl" "$name" 2>&1
+  [ -f "$OUT/$name/raw.jsonl" ] && python3 benchmarks/bench_tune.py tune "$OUT/$name"
 done
 python3 benchmarks/bench_tune.py grid "$OUT"/grid-*
 [ -f "$OUT/script-slow-loader/stdout.txt" ] && grep -hE "limited|input" "$OUT/script-slow-loader/stdout.txt" | head -5
