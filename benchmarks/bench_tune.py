@@ -13,6 +13,11 @@ Usage (on the GPU machine)::
     python benchmarks/bench_tune.py run --out $OUT/tune --example gpt-small --global-batch 64 \\
         --fraction 0.0706 --remat none,full --precision bfloat16
     python benchmarks/bench_tune.py table benchmarks/results/h100/tune/raw.jsonl
+
+With ``--script-config NAME`` the target is this repository's ``scripts/train.py NAME`` (its own
+flags ``--remat``, ``--precision``, ``--batch-size``, ``--grad-accum-steps``): the tune is
+``jaxfit tune --script`` over ``--axis=--remat=...`` (measured in fresh processes of the script,
+its pinned program), and each grid point is a fresh plain run of the script timed by the same hook.
 """
 
 from __future__ import annotations
@@ -32,7 +37,30 @@ sys.path.insert(0, str(REPO))
 
 
 def grid_run(example: str, sets: list[str], batch: int, fraction: float, warmup: int, steps: int) -> dict:
-    """One grid point: a fresh process, timed by the hook; its samples/s or how it failed."""
+    """One grid point of a built-in example: a fresh ``jaxfit.tune.trial`` process, timed by the hook."""
+    cmd = [sys.executable, "-m", "jaxfit.tune.trial", "--example", example, *[f"--set={s}" for s in sets]]
+    out = timed_point([*cmd, "--batch", str(batch)], batch, fraction, warmup, steps)
+    return dict(out, sets=sets)
+
+
+def script_command(config: str, precision: str, exp_name: str, train_steps: int, checkpoints: str) -> list[str]:
+    """``scripts/train.py CONFIG`` as the tune and the grid run it (no wandb, its own checkpoints)."""
+    return [
+        sys.executable,
+        str(REPO / "scripts" / "train.py"),
+        config,
+        f"--precision={precision}",
+        f"--exp-name={exp_name}",
+        "--no-wandb-enabled",
+        f"--num-train-steps={train_steps}",
+        f"--checkpoint-base-dir={checkpoints}",
+        "--overwrite",
+    ]
+
+
+def timed_point(cmd: list[str], batch: int, fraction: float, warmup: int, steps: int) -> dict:
+    """Run ``cmd`` (a fresh training process, nothing pinned) under ``fraction``, its step timed by
+    jaxfit's hook (``JAXFIT_MEASURE``): its samples/s, or how it failed, and its wall time."""
     from jaxfit.fit.budget import fraction_variable
     from jaxfit.fit.command import hooked_pythonpath
 
@@ -47,20 +75,10 @@ def grid_run(example: str, sets: list[str], batch: int, fraction: float, warmup:
         TF_CPP_MIN_LOG_LEVEL="2",
     )
     env[fraction_variable()] = str(fraction)  # the spelling the installed jaxlib reads, never both
-    cmd = [
-        sys.executable,
-        "-m",
-        "jaxfit.tune.trial",
-        "--example",
-        example,
-        *[f"--set={s}" for s in sets],
-        "--batch",
-        str(batch),
-    ]
     start = time.time()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     wall = time.time() - start
-    out: dict = {"sets": sets, "batch": batch, "wall_s": round(wall, 2)}
+    out: dict = {"batch": batch, "wall_s": round(wall, 2)}
     if report.exists():
         data = json.loads(report.read_text())
         step = statistics.median(data["step_seconds"])
@@ -88,23 +106,27 @@ def run_main(args: argparse.Namespace) -> int:
         "precision": args.precision,
         "tune_args": args.tune_arg,
     }
+    if args.script_config:
+        record.update(example=f"scripts/train.py {args.script_config}", script_config=args.script_config)
     if not args.skip_tune:
-        with tempfile.TemporaryDirectory() as cache:
+        with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as checkpoints:
+            if args.script_config:  # the script's own flags: remat an axis, precision fixed
+                target = [f"--axis=--remat={args.remat}"]
+                script = script_command(args.script_config, args.precision, "tune", args.script_steps, checkpoints)
+            else:
+                target = ["--example", args.example, "--remat", args.remat, "--precision", args.precision]
+                script = []
             cmd = [
                 sys.executable,
                 "-m",
                 "jaxfit.cli",
                 "tune",
-                "--example",
-                args.example,
+                *(["--script"] if args.script_config else []),
+                *target,
                 "--global-batch",
                 str(args.global_batch),
                 "--mem-fraction",
                 str(args.fraction),
-                "--remat",
-                args.remat,
-                "--precision",
-                args.precision,
                 "--warmup",
                 str(args.warmup),
                 "--steps",
@@ -114,6 +136,7 @@ def run_main(args: argparse.Namespace) -> int:
                 "--png",
                 str(out / "tune.png"),
                 *args.tune_arg,
+                *(["--", *script] if script else []),
             ]
             start = time.time()
             proc = subprocess.run(
@@ -127,15 +150,26 @@ def run_main(args: argparse.Namespace) -> int:
     if not args.skip_grid:
         grid = []
         start = time.time()
-        for setting in example_settings(args.remat.split(","), args.precision.split(",")):
+        settings = (
+            [(f"--remat={r}", r) for r in args.remat.split(",")]
+            if args.script_config
+            else [(s.name, s) for s in example_settings(args.remat.split(","), args.precision.split(","))]
+        )
+        for name, setting in settings:
             micros = [m for m in range(args.global_batch, 0, -1) if args.global_batch % m == 0]
             if args.grid_micro:  # a few points of the grid, e.g. to check a tune's winner on its card
                 micros = [m for m in micros if m in {int(x) for x in args.grid_micro.split(",")}]
             for micro in micros:
                 accum = args.global_batch // micro
-                sets = [f"{k}={v}" for k, v in setting.overrides] + [f"grad_accum_steps={accum}"]
-                point = grid_run(args.example, sets, args.global_batch, args.fraction, args.warmup, args.steps)
-                point.update(setting=setting.name, micro_batch=micro, accum_steps=accum)
+                if args.script_config:
+                    with tempfile.TemporaryDirectory() as checkpoints:
+                        cmd = script_command(args.script_config, args.precision, "grid", args.script_steps, checkpoints)
+                        cmd += [name, f"--batch-size={args.global_batch}", f"--grad-accum-steps={accum}"]
+                        point = timed_point(cmd, args.global_batch, args.fraction, args.warmup, args.steps)
+                else:
+                    sets = [f"{k}={v}" for k, v in setting.overrides] + [f"grad_accum_steps={accum}"]
+                    point = grid_run(args.example, sets, args.global_batch, args.fraction, args.warmup, args.steps)
+                point.update(setting=name, micro_batch=micro, accum_steps=accum)
                 grid.append(point)
                 with (out / "grid-points.jsonl").open("a") as f:  # each point as it ends: a cut grid keeps them
                     f.write(json.dumps(point) + "\n")
@@ -146,7 +180,7 @@ def run_main(args: argparse.Namespace) -> int:
                     if point.get("oom")
                     else "failed"
                 )
-                log(f"  grid {setting.name} {micro} x {accum}: {said} ({point['wall_s']} s)")
+                log(f"  grid {name} {micro} x {accum}: {said} ({point['wall_s']} s)")
         record.update(grid=grid, grid_wall_s=round(time.time() - start, 2))
     with (out / "raw.jsonl").open("a") as f:
         f.write(json.dumps(record) + "\n")
@@ -286,6 +320,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--skip-tune", action="store_true")
     p.add_argument("--skip-grid", action="store_true")
+    p.add_argument(
+        "--script-config",
+        default="",
+        help="tune and grid scripts/train.py with this config (e.g. gpt_small) instead of --example",
+    )
+    p.add_argument("--script-steps", type=int, default=20, help="--num-train-steps of the script's runs")
     p.add_argument("--grid-micro", default="", help="only these micro-batches in the grid (comma-separated)")
     p.add_argument(
         "--tune-arg", action="append", default=[], help="passed to jaxfit tune, e.g. --tune-arg=--measure=inline"
