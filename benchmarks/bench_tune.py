@@ -139,12 +139,14 @@ def run_main(args: argparse.Namespace) -> int:
                 *(["--", *script] if script else []),
             ]
             start = time.time()
-            proc = subprocess.run(
-                cmd, env=dict(os.environ, JAXFIT_CACHE_DIR=cache), capture_output=True, text=True, timeout=3600
-            )
+            # Its progress (every round, compile and timing) and its table go to files as they come:
+            # a tune cut by the call's limit still leaves what it did.
+            with open(out / "tune.log", "w") as err, open(out / "tune.out", "w") as stdout:
+                subprocess.run(
+                    cmd, env=dict(os.environ, JAXFIT_CACHE_DIR=cache), stdout=stdout, stderr=err, timeout=3600
+                )
             record["tune_wall_s"] = round(time.time() - start, 2)
-            (out / "tune.log").write_text(proc.stderr)  # its progress: every round, compile and timing
-            log(proc.stdout[-3000:] + proc.stderr[-2000:])
+            log((out / "tune.out").read_text()[-3000:] + (out / "tune.log").read_text()[-2000:])
             if (out / "tune.json").exists():
                 record["tune"] = json.loads((out / "tune.json").read_text())
     if not args.skip_grid:
