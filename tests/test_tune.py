@@ -280,12 +280,56 @@ def test_inline_measurement_ranks_as_fresh_processes_do():
         assert a.step_seconds and b.step_seconds and 0.33 < a.step_seconds / b.step_seconds < 3, (a, b)
 
 
-def test_inline_measurement_of_a_script_is_refused_in_one_line(run_cli):
-    proc = run_cli("tune", "--script", "--measure", "inline", "--", sys.executable, TRAIN, "debug", "--exp-name=x")
-    assert proc.returncode == 2
-    assert error_line(proc) == (
-        "jaxfit: error: --measure inline is for built-in examples so far; a script is measured in fresh processes"
+def test_a_script_measured_inline_is_timed_in_its_probe_and_its_fastest_again_in_a_fresh_process(tmp_path, run_cli):
+    """--measure inline on a script: each proof's program is timed in the script's own probe (the
+    step alone, on the state the script built), then the fastest rows run again in a fresh process
+    of the script with their pinned program, which also sees its loader: 0.3 s a batch here, so the
+    winner's rate there is far below its step alone, and it is named input-limited."""
+    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
+    proc = run_cli(
+        "tune", "--script", "--measure", "inline", "--micro-batches", "2", "--max-batch", "64", *TINY,
+        "--batch-flag", "--bs", "--json", "t.json", "--", sys.executable, shaped, "--steps", "8", "--input-seconds", "0.3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = _result(tmp_path)
+    best = result["best"]  # timed in the probe (step alone), then in a fresh process
+    assert best["measured_in"] == "process" and best["limited_by"] == "input"
+    assert best["inline_samples_per_second"] > 5 * best["samples_per_second"]
+    assert 0.3 <= best["input_seconds"] < 0.6
+    assert "in a fresh process of the script" in proc.stderr
+
+
+def test_a_script_probe_times_its_step_twice_on_the_state_it_donated():
+    """The probe's timings run the script's own state through the program, which donates it: a
+    second timing in the same process starts from the state the first left (the compile server's
+    keep_arguments), not from the donated, deleted one."""
+    import io
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfit._probe import jaxfit_compile_server as server_mod
+
+    step = jax.jit(lambda state, batch: (state + batch.sum(), batch.mean()), donate_argnums=0)
+    live = {"args": [jnp.ones((256,)), jnp.ones((4, 3))]}
+
+    def concrete(batch: int) -> tuple:
+        return (live["args"][0], server_mod.real_arguments(jax.ShapeDtypeStruct((batch, 3), jnp.float32)))
+
+    def keep(final: list) -> None:
+        live["args"] = [final[0], live["args"][1]]
+
+    def lower(batch: int):
+        return step.lower(jax.ShapeDtypeStruct((256,), jnp.float32), jax.ShapeDtypeStruct((batch, 3), jnp.float32))
+
+    server = server_mod.Server(
+        lower, io.StringIO(), {"name": "step"}, concrete=concrete, donated=(0,), keep_arguments=keep
     )
+    first, second = server.time_step(8, 1, 2), server.time_step(16, 1, 2)
+    assert first["ok"] and second["ok"], (first, second)
+    server.keep_arguments = None  # without it, the second timing would find its state deleted
+    assert server.time_step(8, 1, 2)["ok"]
+    assert not server.time_step(8, 1, 2)["ok"]
 
 
 def test_a_candidate_clearly_slower_than_the_best_is_dropped_after_a_short_look(tmp_path, run_cli):

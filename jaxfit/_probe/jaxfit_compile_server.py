@@ -441,6 +441,9 @@ class Server:
         program (``time``); None where the step cannot be run here.
       donated: The positions of the arguments the step donates (they are fed back from its outputs
         between timed calls, as a training loop does).
+      keep_arguments: Called after a timing with the arguments its last call left (the donated
+        ones fed back): where ``concrete`` hands out arguments that live on (a script's own state,
+        which the timed calls donated), the next timing starts from these.
     """
 
     def __init__(
@@ -453,8 +456,10 @@ class Server:
         concrete: "Optional[Callable[[int], tuple]]" = None,
         donated: "tuple" = (),
         loader: "Optional[Callable[[str], Dict[str, Any]]]" = None,
+        keep_arguments: "Optional[Callable[[list], None]]" = None,
     ) -> None:
         self.loader = loader
+        self.keep_arguments = keep_arguments
         self.lower = lower
         self.components = components
         self.concrete = concrete
@@ -735,6 +740,8 @@ class Server:
                     args = list(self.concrete(batch))
                 else:
                     args = fed
+            if self.keep_arguments is not None:
+                self.keep_arguments(args)
             return {
                 "op": "timed",
                 "ok": True,

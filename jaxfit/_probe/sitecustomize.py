@@ -229,12 +229,32 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: A
             call_args[index] = _resized(args[index], batch)
             return server_mod.describe_arguments(tuple(call_args), names, index)
 
+        donated = tuple(getattr(kind, "donated", ()) or ())
+        # The script's own arguments, live: a timing (``jaxfit tune --measure inline``) runs the
+        # proven program on them (the state the script built, a batch of noise of the program's
+        # size) and donates the state, so each timing starts from the state the last one left.
+        # Lowering keeps the arguments of the script's call (only their shapes count).
+        live = {"args": list(args)}
+
+        def concrete(batch: int) -> tuple:
+            call_args = list(live["args"])
+            call_args[index] = server_mod.real_arguments(_resized(args[index], batch))
+            return tuple(call_args)
+
+        def keep(final: "list") -> None:
+            live["args"] = [args[index] if i == index else a for i, a in enumerate(final)]
+
         server = server_mod.Server(
             lower,
             replies,
             {"name": _function_name(fun), "description": description},
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
             components=components,
+            # a step called with keyword arguments is not run here (the compiled call takes them
+            # apart); its timing says so and a fresh process measures it
+            concrete=None if kwargs else concrete,
+            donated=donated,
+            keep_arguments=keep,
         )
     except Exception as e:
         server_mod.send_error(replies, "user", "WorkloadError", "the script's step %r: %s" % (_function_name(fun), e))

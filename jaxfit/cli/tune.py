@@ -70,7 +70,7 @@ def tune_command(
         budget: Seconds to spend measuring, counted from the first measurement (the fits before it are not counted); the rows not measured say so.
         peak_tflops: The device's peak TFLOP/s, for MFU and to prune candidates that cannot win (default: a table of GPUs; none on a CPU).
         micro_batches: Micro-batches proved per setting (largest first; on a GPU inline, fastest untuned first).
-        measure: process: each candidate trains in a fresh process with its pinned program (step and time between steps); inline: the proven program is timed in the compile process that proved it, on real arguments of its shapes (no start-up per candidate; the step alone; built-in examples only; a program that process cannot hold is measured in a fresh one); auto: inline for a built-in example on a GPU, process otherwise.
+        measure: process: each candidate trains in a fresh process with its pinned program (step and time between steps); inline: the proven program is timed in the compile process that proved it, on real arguments of its shapes (no start-up per candidate; the step alone; a program that process cannot hold is measured in a fresh one; a script is timed in its probe, on the state it built, and its fastest rows again in a fresh process of the script, with its input: experimental, not yet measured on a GPU); auto: inline for a built-in example on a GPU, process otherwise.
         drop_margin: Stop measuring a candidate after the first quarter of --steps (4 or more) when it runs this share below the best rate measured so far (0.1: 10% slower); its row says dropped. With --rank-untuned, also the margin under which a micro-batch's untuned rate leaves it unproved (ranked out). None measures every candidate fully.
         input_steps: Fresh-process measuring: after the timed steps, time the script's loop this many iterations with the step skipped, its input pipeline's own rate (the row's input alone /s; limited by input when it is slower than the step); 0: not measured.
         rank_untuned: Experimental (GPU, --measure inline, --global-batch): run each micro-batch's untuned program a few steps first, prove the fastest first and leave out the clearly slower (ranked out). Off by default: on an H200 the untuned programs ran about 12x slower than the proven ones, so ranking cost more than the proofs it saved.
@@ -107,8 +107,6 @@ def tune_command(
         rank_untuned=rank_untuned,
         input_steps=input_steps,
     ).validate()
-    if script and measure == "inline":
-        raise JaxfitError("--measure inline is for built-in examples so far; a script is measured in fresh processes")
     if script:
         if overrides:
             raise JaxfitError("--set applies to built-in examples; give a script's flags with --axis")

@@ -53,7 +53,9 @@ class TuneOptions:
       measure: ``process``: each candidate trains in a fresh process with its pinned program (the
         step and the time between steps, the script's data loading included); ``inline``: the
         program is run where it was proven, in the compile process, on real arguments of its shapes
-        (no start-up per candidate; the step alone; built-in examples only so far); ``auto``: inline
+        (no start-up per candidate; the step alone; for a script, its probe, on the state the
+        script built, and then its fastest rows again in a fresh process of the script, which
+        sees its input pipeline: not yet measured on a GPU); ``auto``: inline
         for a built-in example on a GPU (on an H100 it found the grid's winner in 0.40x of the
         grid's time against 0.63x, its rates within 1 % of a fresh process's:
         benchmarks/README.md section 15), fresh processes otherwise (a script; a CPU, where
@@ -160,6 +162,10 @@ class Row:
     untuned_samples_per_second: float | None = None
     """The micro-batch's untuned plain step, run in the compile process, as samples per second:
     what proofs are ranked by on a GPU (:mod:`jaxfit.tune.ranking`); not the candidate's speed."""
+    inline_samples_per_second: float | None = None
+    """A script's row timed in its probe (``--measure inline``: the step alone, on the script's
+    state) and then measured in a fresh process of the script (its loop and input too): the first
+    rate, beside :attr:`samples_per_second`, the second."""
     prove_seconds: float | None = None
     """What proving this row cost, wall time: loading its workload into the compile process, its
     compiles, its pin and (inline) its timing; None when it was not proved (or came with its search)."""

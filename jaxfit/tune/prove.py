@@ -259,8 +259,12 @@ def _prove_row(
         _apply(row, _timed_inline(fit))
         if row.status == "out of memory":
             # The compile process holds more than a fresh one (every program it compiled, a pool
-            # its compiles have cut up): the proof is for a fresh process, which measures it.
+            # its compiles have cut up; a script's probe, what the script built): the proof is for
+            # a fresh process, which measures it.
             row.status, row.note = "not run", "the compile process could not hold it; measured in a fresh process"
+        elif row.status not in ("measured", "dropped"):  # e.g. a script's step called with keywords
+            why = row.note or "it could not be run there"
+            row.status, row.note = "not run", f"not timed in the compile process ({why}); measured in a fresh process"
         else:
             row.measured_in = "compile process"
             leader.record(row)
