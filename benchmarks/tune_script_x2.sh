@@ -10,6 +10,8 @@
 # The grid's wall time is the sum of its points (what it takes on one card). From the repository
 # root on the GPU machine (tyro and wandb wheels carried in .whl):
 #   OUT=$OUT LIMIT_S=470 bash benchmarks/tune_script_x2.sh
+# MEASURE=inline: the tune times each proof in the script's probe (--measure inline), then its
+# fastest rows in fresh processes of the script (default: process, as --measure auto does).
 # Returns $OUT/all.tgz (a device call brings back at most 8 files).
 set -uo pipefail
 FINAL=${OUT:-/tmp/tune-script}
@@ -18,7 +20,7 @@ OUT=/tmp/tune-script-sides
 . "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt, bench_side
 mkdir -p "$FINAL"
 BENCH_COMMON=(run --script-config gpt_small --global-batch 64 --fraction 0.0706 --precision bfloat16)
-(bench_side 0 tune --remat none,full --skip-grid; bench_side 0 grid-full-a --remat full --skip-tune --grid-micro 16,8,4,2,1) &
+(bench_side 0 tune --remat none,full --skip-grid --tune-arg="--measure=${MEASURE:-process}"; bench_side 0 grid-full-a --remat full --skip-tune --grid-micro 16,8,4,2,1) &
 (bench_side 1 grid-none --remat none --skip-tune; bench_side 1 grid-full-b --remat full --skip-tune --grid-micro 64,32) &
 wait
 [ -f "$OUT/tune/raw.jsonl" ] && python3 benchmarks/bench_tune.py tune "$OUT/tune"
