@@ -92,7 +92,12 @@ def test_tune_of_train_py_over_two_axes(tmp_path, run_cli):
     settings = {r["setting"] for r in result["rows"]}
     assert settings == {f"--remat={r} --precision={p}" for r in ("none", "full") for p in ("float32", "bfloat16")}
     measured = [r for r in result["rows"] if r["status"] == "measured"]
-    assert len(measured) == 4 and all(r["fits"] for r in measured)
+    assert {r["setting"] for r in measured} == {f"--remat=none --precision={p}" for p in ("float32", "bfloat16")}
+    assert all(r["fits"] for r in measured)
+    # --remat=full: its twin --remat=none fits the whole global batch (16) at once, so neither is searched
+    cannot = [r for r in result["rows"] if r["status"] == "cannot win"]
+    assert {r["setting"] for r in cannot} == {f"--remat=full --precision={p}" for p in ("float32", "bfloat16")}
+    assert all("the whole global batch" in r["note"] for r in cannot)
     assert result["best"] == max(measured, key=lambda r: r["samples_per_second"])
     assert "--batch-size=16" in result["command"] and result["best"]["setting"].split()[0] in result["command"]
     assert not (tmp_path / "ck" / "debug" / "tune").exists() or not any((tmp_path / "ck" / "debug" / "tune").iterdir())

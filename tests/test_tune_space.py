@@ -124,4 +124,9 @@ def test_a_remat_setting_names_its_twin_without_remat_and_others_have_none():
     assert plain_twin(by_name["remat=full,precision=bfloat16"]) == "remat=none,precision=bfloat16"
     assert plain_twin(by_name["remat=dots,precision=bfloat16"]) == "remat=none,precision=bfloat16"
     assert plain_twin(by_name["remat=none,precision=bfloat16"]) is None
-    assert all(plain_twin(s) is None for s in script_settings(["--remat=none,full"]))  # a script's flags: not read
+    # a script's --remat flag (scripts/train.py's) is read; its other flags are kept as they are
+    scripts = {s.name: s for s in script_settings(["--remat=none,full,dots", "--precision=bfloat16"])}
+    assert plain_twin(scripts["--remat=full --precision=bfloat16"]) == "--remat=none --precision=bfloat16"
+    assert plain_twin(scripts["--remat=dots --precision=bfloat16"]) == "--remat=none --precision=bfloat16"
+    assert plain_twin(scripts["--remat=none --precision=bfloat16"]) is None
+    assert all(plain_twin(s) is None for s in script_settings(["--remat-policy=a,b", "--layers=1,2"]))

@@ -46,7 +46,7 @@ def tune_command(
     --axis=--remat=none,full --axis=--precision=float32,bfloat16 -- python scripts/train.py
     gpt_small --exp-name=t` (a script's own flags). For each setting the largest micro-batch that
     fits is found, then the micro-batches that divide the global batch (with --grad-accum-steps)
-    are compiled as they will run (a built-in example's remat setting only above the largest
+    are compiled as they will run (a remat setting, an example's or a script's --remat, only above the largest
     micro-batch its twin without remat fits: at one micro-batch remat only adds work); a candidate
     that cannot beat the best measured rate at the device's peak FLOP/s is skipped; the others run warm-up and timed steps with their proven
     (pinned) program (--measure), and are ranked by samples per second; one clearly slower than

@@ -7,7 +7,7 @@ For each setting (remat and precision of a built-in example, or a script's own f
    then each micro-batch ``m`` that divides the global batch ``G`` (the largest few that fit) is
    compiled as it will run, accumulated over ``G / m`` steps, to prove it fits (one autotuned
    compile each on a GPU; one that does not fit gives way to the next divisor down); each proof
-   pins its program. A built-in example's remat setting is proved only at micro-batches larger
+   pins its program. A remat setting (an example's, or a script's ``--remat``) is proved only at micro-batches larger
    than the largest its twin without remat was proved to fit (settings without remat go first):
    at one micro-batch remat does the same work and a recompute (:func:`jaxfit.tune.space.plain_twin`). For a
    built-in example every fit of the tune runs in one compile process, which switches workloads
@@ -59,7 +59,7 @@ from jaxfit.fit.pin import Pin, run_environment
 from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measurements
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
-from jaxfit.tune.prove import _Proofs, _prove_descending, _prove_ranked, _ranks, _search_setting
+from jaxfit.tune.prove import _Proofs, _prove_descending, _prove_ranked, _ranks, _row, _search_setting
 from jaxfit.tune.space import Setting, plain_twin, upper_bound_samples_per_second
 
 __all__ = [
@@ -145,13 +145,21 @@ def tune(
                 # (those without remat first: a remat setting is then proved only at micro-batches
                 # its twin without remat cannot hold, where it can be the faster)
                 for setting in sorted(settings, key=lambda s: s.remat):
+                    floor = _twin_floor(setting, proofs)
+                    if floor is not None and tuning.global_batch is not None and floor[1] >= tuning.global_batch:
+                        # its twin fits the whole global batch at once: nothing is left to search
+                        why = (
+                            f"{floor[0]} fits micro-batch {floor[1]}, the whole global batch, and at a "
+                            "micro-batch remat only adds work: not searched"
+                        )
+                        notify(progress, "note", text=f"tune: {setting.name}: {why}")
+                        proofs.rows.append(_row(target, setting, floor[1], 1, status="cannot win", note=why))
+                        continue
                     searched = _search_setting(target, setting, options, tuning, leader, progress)
                     searches.append(searched)
                     proofs.rows += searched.rows
                     if searched.largest is not None:
-                        _prove_descending(
-                            target, searched, options, tuning, leader, progress, proofs, _twin_floor(setting, proofs)
-                        )
+                        _prove_descending(target, searched, options, tuning, leader, progress, proofs, floor)
             search_seconds = sum(s.seconds for s in searches)
             rank_seconds = sum(s.rank_seconds for s in searches)
             rows, fits = proofs.rows, proofs.fits

@@ -36,15 +36,26 @@ class Setting:
         return any(f"remat={v}" in text for v in ("full", "dots", "dots_no_batch", "true", "nothing"))
 
 
+REMAT_FLAG = "--remat"
+"""A script flag read as rematerialisation (``scripts/train.py``'s; ``none`` is off)."""
+
+
 def plain_twin(setting: Setting) -> str | None:
-    """The name of the same built-in example setting without rematerialisation (``remat=full,
-    precision=bfloat16`` -> ``remat=none,precision=bfloat16``), or None for a setting that does not
-    rematerialise or is a script's (whose flags jaxfit does not interpret).
+    """The name of the same setting without rematerialisation (``remat=full,precision=bfloat16`` ->
+    ``remat=none,precision=bfloat16``; a script's ``--remat=full --precision=bfloat16`` ->
+    ``--remat=none --precision=bfloat16``), or None for a setting that does not rematerialise. Of a
+    script's flags only ``--remat`` is read, and its twin is its value ``none``: whether that
+    setting is tuned too, and fitted, the caller checks.
 
     At one micro-batch the rematerialising program does the twin's work and recomputes part of its
     forward pass besides, so it is never the faster of the two where the twin fits (measured on
     H100s: gpt-small and vit-small, every micro-batch, 6-15 % slower; benchmarks/README.md section
     17): a tune proves a remat setting only at micro-batches its twin cannot hold."""
+    if setting.flags:
+        values = {flag.partition("=")[0]: flag.partition("=")[2] for flag in setting.flags}
+        if values.get(REMAT_FLAG, "none") == "none":
+            return None
+        return " ".join(f"{REMAT_FLAG}=none" if f.startswith(f"{REMAT_FLAG}=") else f for f in setting.flags)
     if dict(setting.overrides).get("remat") != "true":
         return None
     return ",".join("remat=none" if part.startswith("remat=") else part for part in setting.name.split(","))
