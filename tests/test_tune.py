@@ -223,7 +223,7 @@ def _measuring(marker: str) -> bool:
 
 def test_a_script_that_ends_before_the_measured_steps_is_not_called_crashed(tmp_path, run_cli):
     proc = run_cli(
-        "tune", "--script", "--global-batch", "8", "--micro-batches", "8", *TINY, "--json", "t.json", "--",
+        "tune", "--script", "--global-batch", "8", "--micro-batches", "1", *TINY, "--json", "t.json", "--",
         sys.executable, TRAIN, "debug", "--exp-name=tune", "--num-train-steps=1", "--no-wandb-enabled", "--overwrite",
         f"--checkpoint-base-dir={tmp_path / 'ck'}",
     )  # fmt: skip
