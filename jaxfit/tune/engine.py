@@ -51,7 +51,7 @@ from typing import Any
 from jaxfit.fit import FitOptions
 from jaxfit.fit.batch import shared_compile_process
 from jaxfit.fit.budget import format_bytes
-from jaxfit.fit.cache import default_cache_path
+from jaxfit.fit.cache import JsonStore, default_cache_path
 from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.devices import cuda_total_bytes
 from jaxfit.fit.leftovers import cleaned
@@ -201,11 +201,7 @@ def tune(
                     )
                     continue
                 notify(progress, "note", text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps}")
-                fit = fits[(row.setting, row.micro_batch, row.accum_steps)]
-                measured = _measure(target, by_name[row.setting], row, fit, tuning, store, leader.give_up())
-                _apply(row, measured)
-                row.measured_in = "process"
-                row.note = row.note or _input_unmeasured_note(row, tuning) or ""
+                _measure_fresh(target, by_name, row, fits, tuning, store, leader.give_up())
                 leader.record(row)
                 if row.samples_per_second:
                     notify(
@@ -269,6 +265,24 @@ def tune(
     )
 
 
+def _measure_fresh(
+    target: Target,
+    by_name: Mapping[str, Setting],
+    row: Row,
+    fits: Mapping[tuple[str, int, int], Any],
+    tuning: TuneOptions,
+    store: JsonStore | None,
+    give_up: tuple[int, float] | None,
+) -> None:
+    """Measure ``row`` in a fresh training process running its pinned program (``give_up``:
+    :meth:`_Leader.give_up`, as :func:`jaxfit.tune.measure._measure` takes it) and apply it to the row,
+    with the note of an input that was asked for and not timed."""
+    fit = fits[(row.setting, row.micro_batch, row.accum_steps)]
+    _apply(row, _measure(target, by_name[row.setting], row, fit, tuning, store, give_up))
+    row.measured_in = "process"
+    row.note = row.note or _input_unmeasured_note(row, tuning) or ""
+
+
 CONFIRMED_AT_MOST = 3
 """A script tuned inline: at most this many of its fastest rows are measured again in a fresh process."""
 
@@ -279,7 +293,7 @@ def _confirm_in_fresh_processes(
     rows: Sequence[Row],
     fits: Mapping[tuple[str, int, int], Any],
     tuning: TuneOptions,
-    store: Any,
+    store: JsonStore | None,
     progress: Progress | None,
 ) -> None:
     """A script tuned with ``--measure inline`` had each proof timed in its probe: the step alone.
@@ -304,13 +318,9 @@ def _confirm_in_fresh_processes(
             text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps} in a fresh process "
             f"of the script (its step alone ran {rate:.1f} samples/s in the probe)",
         )
-        fit = fits[(row.setting, row.micro_batch, row.accum_steps)]
-        _apply(row, _measure(target, by_name[row.setting], row, fit, tuning, store, None))
+        _measure_fresh(target, by_name, row, fits, tuning, store, None)
         row.inline_samples_per_second = rate
-        row.measured_in = "process"
-        row.note = (
-            row.note or _input_unmeasured_note(row, tuning) or f"its step alone ran {rate:.1f} samples/s in the probe"
-        )
+        row.note = row.note or f"its step alone ran {rate:.1f} samples/s in the probe"
         if row.status == "measured" and row.samples_per_second:
             best_fresh = max(best_fresh, row.samples_per_second)
             notify(progress, "note", text=f"tune:   {row.samples_per_second:.1f} samples/s in a fresh process")
