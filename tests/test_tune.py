@@ -19,6 +19,17 @@ def _result(tmp_path, name="t.json") -> dict:
     return json.loads((tmp_path / name).read_text())
 
 
+def _tune_slow_loader(run_cli, *tune_args, micro_batches, max_batch, steps, input_seconds):
+    """``jaxfit tune --script`` (``TINY``, ``--json t.json``) of the shaped fixture, a script of
+    ``steps`` steps whose loader sleeps ``input_seconds`` a batch."""
+    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
+    return run_cli(
+        "tune", "--script", *tune_args, "--micro-batches", str(micro_batches), "--max-batch", str(max_batch), *TINY,
+        "--batch-flag", "--bs", "--json", "t.json", "--", sys.executable, shaped,
+        "--steps", str(steps), "--input-seconds", str(input_seconds),
+    )  # fmt: skip
+
+
 def test_tune_of_an_example_measures_what_fits_and_ranks_it(tmp_path, run_cli):
     args = [
         "tune",
@@ -236,11 +247,7 @@ def test_a_script_whose_loader_is_slow_is_named_input_bound(tmp_path, run_cli):
     """0.3 s per batch from the loader against a step of milliseconds: every measured row says the
     input limits it, its rate counts the time between steps, the loader's own rate is measured with
     the step skipped, and the summary says so."""
-    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
-    proc = run_cli(
-        "tune", "--script", "--micro-batches", "2", "--max-batch", "64", *TINY, "--batch-flag", "--bs",
-        "--json", "t.json", "--", sys.executable, shaped, "--steps", "8", "--input-seconds", "0.3",
-    )  # fmt: skip
+    proc = _tune_slow_loader(run_cli, micro_batches=2, max_batch=64, steps=8, input_seconds=0.3)
     assert proc.returncode == 0, proc.stderr[-2000:]
     measured = [r for r in _result(tmp_path)["rows"] if r["status"] == "measured"]
     assert measured
@@ -290,11 +297,7 @@ def test_a_script_measured_inline_is_timed_in_its_probe_and_its_fastest_again_in
     step alone, on the state the script built), then the fastest rows run again in a fresh process
     of the script with their pinned program, which also sees its loader: 0.3 s a batch here, so the
     winner's rate there is far below its step alone, and it is named input-limited."""
-    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
-    proc = run_cli(
-        "tune", "--script", "--measure", "inline", "--micro-batches", "2", "--max-batch", "64", *TINY,
-        "--batch-flag", "--bs", "--json", "t.json", "--", sys.executable, shaped, "--steps", "8", "--input-seconds", "0.3",
-    )  # fmt: skip
+    proc = _tune_slow_loader(run_cli, "--measure", "inline", micro_batches=2, max_batch=64, steps=8, input_seconds=0.3)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = _result(tmp_path)
     best = result["best"]  # timed in the probe (step alone), then in a fresh process
@@ -579,11 +582,7 @@ def test_a_script_too_short_for_its_input_to_be_timed_says_so_in_its_row(tmp_pat
     """--warmup 1 --steps 2 --input-steps 3 needs 7 steps of the script (the first loop iteration
     after the timed steps overlaps the last step): a script of 5 steps gets its rate, and a row note
     that its input alone was not measured and what it needs."""
-    shaped = str(REPO / "tests" / "fixtures" / "shaped_train.py")
-    proc = run_cli(
-        "tune", "--script", "--micro-batches", "1", "--max-batch", "16", *TINY, "--batch-flag", "--bs",
-        "--json", "t.json", "--", sys.executable, shaped, "--steps", "5", "--input-seconds", "0.05",
-    )  # fmt: skip
+    proc = _tune_slow_loader(run_cli, micro_batches=1, max_batch=16, steps=5, input_seconds=0.05)
     assert proc.returncode == 0, proc.stderr[-2000:]
     measured = [r for r in _result(tmp_path)["rows"] if r["status"] == "measured"]
     assert measured and all(r["input_seconds"] is None for r in measured)
