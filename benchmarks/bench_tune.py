@@ -16,7 +16,7 @@ Usage (on the GPU machine)::
 
 With ``--script-config NAME`` the target is this repository's ``scripts/train.py NAME`` (its own
 flags ``--remat``, ``--precision``, ``--batch-size``, ``--grad-accum-steps``): the tune is
-``jaxfit tune --script`` over ``--axis=--remat=...`` (measured in fresh processes of the script,
+``jaxfit tune --script`` over ``--axis=--remat=...`` (by default measured in fresh processes of the script,
 its pinned program), and each grid point is a fresh plain run of the script timed by the same hook.
 """
 
