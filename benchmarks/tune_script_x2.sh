@@ -12,6 +12,8 @@
 #   OUT=$OUT LIMIT_S=470 bash benchmarks/tune_script_x2.sh
 # MEASURE=inline: the tune times each proof in the script's probe (--measure inline), then its
 # fastest rows in fresh processes of the script (default: process, as --measure auto does).
+# TUNE_ONLY_GPU=N: only the tune, on GPU N (the grid measured in another call, or the other GPU
+# busy with other work).
 # Returns $OUT/all.tgz (a device call brings back at most 8 files).
 set -uo pipefail
 FINAL=${OUT:-/tmp/tune-script}
@@ -20,9 +22,14 @@ OUT=/tmp/tune-script-sides
 . "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt, bench_side
 mkdir -p "$FINAL"
 BENCH_COMMON=(run --script-config gpt_small --global-batch 64 --fraction 0.0706 --precision bfloat16)
-(bench_side 0 tune --remat none,full --skip-grid --tune-arg="--measure=${MEASURE:-process}"; bench_side 0 grid-full-a --remat full --skip-tune --grid-micro 16,8,4,2,1) &
-(bench_side 1 grid-none --remat none --skip-tune; bench_side 1 grid-full-b --remat full --skip-tune --grid-micro 64,32) &
-wait
+TUNE=(tune --remat none,full --skip-grid --tune-arg="--measure=${MEASURE:-process}")
+if [ -n "${TUNE_ONLY_GPU:-}" ]; then
+  bench_side "$TUNE_ONLY_GPU" "${TUNE[@]}"
+else
+  (bench_side 0 "${TUNE[@]}"; bench_side 0 grid-full-a --remat full --skip-tune --grid-micro 16,8,4,2,1) &
+  (bench_side 1 grid-none --remat none --skip-tune; bench_side 1 grid-full-b --remat full --skip-tune --grid-micro 64,32) &
+  wait
+fi
 [ -f "$OUT/tune/raw.jsonl" ] && python3 benchmarks/bench_tune.py tune "$OUT/tune"
-python3 benchmarks/bench_tune.py grid "$OUT"/grid-*
+compgen -G "$OUT/grid-*" >/dev/null && python3 benchmarks/bench_tune.py grid "$OUT"/grid-*
 (cd "$OUT" && tar --exclude='*.png' -czf "$FINAL/all.tgz" .)
