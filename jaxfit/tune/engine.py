@@ -56,6 +56,7 @@ from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.devices import cuda_total_bytes
 from jaxfit.fit.leftovers import cleaned
 from jaxfit.fit.pin import Pin, run_environment
+from jaxfit.tune.confirm import Calibration, settings_fastest
 from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measurements
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
@@ -155,11 +156,14 @@ def tune(
                         notify(progress, "note", text=f"tune: {setting.name}: {why}")
                         proofs.rows.append(_row(target, setting, floor[1], 1, status="cannot win", note=why))
                         continue
-                    searched = _search_setting(target, setting, options, tuning, leader, progress)
+                    # a script timed inline: each setting in its own probe, whose rates compare
+                    # with that probe's alone (jaxfit.tune.confirm)
+                    ahead = _Leader(tuning) if target.script is not None and tuning.measure == "inline" else leader
+                    searched = _search_setting(target, setting, options, tuning, ahead, progress)
                     searches.append(searched)
                     proofs.rows += searched.rows
                     if searched.largest is not None:
-                        _prove_descending(target, searched, options, tuning, leader, progress, proofs, floor)
+                        _prove_descending(target, searched, options, tuning, ahead, progress, proofs, floor)
             search_seconds = sum(s.seconds for s in searches)
             rank_seconds = sum(s.rank_seconds for s in searches)
             rows, fits = proofs.rows, proofs.fits
@@ -283,10 +287,6 @@ def _measure_fresh(
     row.note = row.note or _input_unmeasured_note(row, tuning) or ""
 
 
-CONFIRMED_AT_MOST = 3
-"""A script tuned inline: at most this many of its fastest rows are measured again in a fresh process."""
-
-
 def _confirm_in_fresh_processes(
     target: Target,
     by_name: Mapping[str, Setting],
@@ -296,21 +296,16 @@ def _confirm_in_fresh_processes(
     store: JsonStore | None,
     progress: Progress | None,
 ) -> None:
-    """A script tuned with ``--measure inline`` had each proof timed in its probe: the step alone.
-    What trains is the script's loop, its input pipeline included, so its fastest rows are measured
-    again in a fresh process of the script running the pinned program, fastest first, until one's
-    rate there is above the next one's step alone (at most :data:`CONFIRMED_AT_MOST`). Each keeps
-    both rates (``inline_samples_per_second``, ``samples_per_second``)."""
-    inline = sorted(
-        (r for r in rows if r.status == "measured" and r.measured_in == "compile process"),
-        key=lambda r: -(r.samples_per_second or 0),
-    )
-    best_fresh = 0.0
-    for n, row in enumerate(inline):
-        if n >= CONFIRMED_AT_MOST or (n and (row.samples_per_second or 0) <= best_fresh):
-            # its step alone cannot beat what a fresh process of the script gave (or enough were)
-            row.note = row.note or "the step alone, timed in the probe only"
-            continue
+    """A script tuned with ``--measure inline`` had each proof timed in its probe: the step alone,
+    in one probe process per setting. What trains is the script's loop, its input pipeline
+    included, and probe rates compare only within their probe, so rows run again in a fresh
+    process of the script with their pinned program by :mod:`jaxfit.tune.confirm`'s rule: each
+    setting's fastest, then those its calibration says may win. Each keeps both rates
+    (``inline_samples_per_second``, ``samples_per_second``)."""
+    probed = [r for r in rows if r.status == "measured" and r.measured_in == "compile process"]
+    calibration = Calibration()
+
+    def confirm(row: Row) -> None:
         rate = row.samples_per_second
         notify(
             progress,
@@ -322,8 +317,18 @@ def _confirm_in_fresh_processes(
         row.inline_samples_per_second = rate
         row.note = row.note or f"its step alone ran {rate:.1f} samples/s in the probe"
         if row.status == "measured" and row.samples_per_second:
-            best_fresh = max(best_fresh, row.samples_per_second)
+            calibration.record(row.setting, rate, row.samples_per_second)
             notify(progress, "note", text=f"tune:   {row.samples_per_second:.1f} samples/s in a fresh process")
+
+    for row in settings_fastest(probed):
+        confirm(row)
+    left = [r for r in probed if r.measured_in == "compile process"]
+    fresh = [r.samples_per_second or 0 for r in rows if r.status == "measured" and r.measured_in == "process"]
+    for row in calibration.more(left, max(fresh, default=0.0)):
+        confirm(row)
+    for row in left:
+        if row.measured_in == "compile process":
+            row.note = row.note or calibration.note(row)
 
 
 def winner_environment(pin: Mapping[str, Any] | None, mem_fraction: float) -> dict[str, str]:

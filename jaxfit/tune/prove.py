@@ -165,7 +165,8 @@ def _search_setting(
     progress: Progress | None,
 ) -> _Searched:
     """A setting's largest micro-batch (and, when ranking, the untuned rates of those below it)."""
-    cap = tune.global_batch or options.max_batch
+    # a micro-batch is at most the global batch, and at most --max-batch when one is given
+    cap = min(tune.global_batch, options.max_batch) if tune.global_batch else options.max_batch
     inline = tune.measure == "inline"
     ranks = _ranks(target, tune)
     notify(progress, "note", text=f"tune: {setting.name}: the largest micro-batch up to {cap}")
