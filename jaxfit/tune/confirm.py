@@ -2,24 +2,30 @@
 
 A script's inline timing runs the proven program in the script's probe, one probe process per
 setting (a script's flag changes its program, so each setting starts its own). On an H200
-(benchmarks/README.md section 27) those probe rates were 16-27 % below what the same program gave
+(benchmarks/README.md section 27) those probe rates were 16-55 % below what the same program gave
 in a fresh process of the script, by a share that differed from one probe to the next: remat none
 at 8 x 8 timed 138.9 samples/s in its probe and remat full at 16 x 4 142.9 in its own, while fresh
 processes gave about 260 and 195.5. Ranked on probe rates, the tune named the slower one.
 
-So probe rates compare only within their probe (one setting). The rule:
+The excess was 22-31 ms per micro-step in all four rows measured, so within one setting too a
+single ratio understates the rows with more micro-steps than the row it came from (remat none:
+x1.87 at 8 micro-steps, x2.21 at 16). So probe rates compare only within their probe (one
+setting), and scaled with the estimate that favours the row. The rule:
 
-1. each setting's fastest probe row runs in a fresh process (one per setting, fastest first); its
-   fresh rate over its probe rate is that setting's calibration;
-2. the other probe rows, each scaled by its setting's calibration, run in a fresh process while
-   the scaled rate is within :data:`CALIBRATION_MARGIN` of the best fresh rate so far (at most
-   :data:`MORE_AT_MOST` of them, highest scaled rate first);
-3. the winner is always a fresh-process rate; the rows left say what they were calibrated to.
+1. each setting's fastest probe row runs in a fresh process (one per setting, fastest first),
+   which calibrates the setting twice: its fresh rate over its probe rate, and its extra seconds
+   per micro-step in the probe;
+2. each other probe row's fresh rate is estimated the higher of the two ways (its probe rate
+   times the ratio; its probe step less the extra seconds times its micro-steps), and it runs in
+   a fresh process when that is within :data:`CALIBRATION_MARGIN` of the best fresh rate so far
+   (at most :data:`MORE_AT_MOST` of them, the highest estimate first);
+3. the winner is always a fresh-process rate; the rows left say what they were estimated at.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar
 
@@ -35,6 +41,8 @@ class ProbeRow(Protocol):
 
     setting: str
     micro_batch: int
+    accum_steps: int
+    global_batch: int
     samples_per_second: float | None
 
 
@@ -51,37 +59,51 @@ def settings_fastest(rows: Iterable[R]) -> list[R]:
     return sorted(best.values(), key=lambda r: -(r.samples_per_second or 0))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+    ratio: float  # fresh rate / probe rate
+    extra_per_micro_step: float  # seconds the probe's step took beyond the fresh one's, per micro-step
+
+
 @dataclasses.dataclass
 class Calibration:
-    """Each setting's fresh-process rate over its probe rate, from step 1."""
+    """Each setting's probe-to-fresh calibration, from its first row measured in both (step 1)."""
 
-    ratios: dict[str, float] = dataclasses.field(default_factory=dict)
+    settings: dict[str, _Setting] = dataclasses.field(default_factory=dict)
 
-    def record(self, setting: str, probe_rate: float | None, fresh_rate: float | None) -> None:
-        """A setting's first row measured in both places (a failed fresh run calibrates nothing)."""
-        if probe_rate and fresh_rate and setting not in self.ratios:
-            self.ratios[setting] = fresh_rate / probe_rate
+    def record(self, row: ProbeRow, probe_rate: float | None, fresh_rate: float | None) -> None:
+        """``row`` (its setting's first) gave ``probe_rate`` in the probe and ``fresh_rate`` in a
+        fresh process (a failed fresh run calibrates nothing)."""
+        if not probe_rate or not fresh_rate or row.setting in self.settings:
+            return
+        extra = (row.global_batch / probe_rate - row.global_batch / fresh_rate) / max(1, row.accum_steps)
+        self.settings[row.setting] = _Setting(fresh_rate / probe_rate, extra)
 
-    def scaled(self, row: ProbeRow) -> float | None:
-        """``row``'s probe rate scaled by its setting's calibration (None: no calibration)."""
-        ratio = self.ratios.get(row.setting)
-        return None if ratio is None or not row.samples_per_second else row.samples_per_second * ratio
+    def estimate(self, row: ProbeRow) -> float | None:
+        """``row``'s fresh rate estimated from its probe rate, the higher of the ratio's and the
+        per-micro-step estimate (None: its setting has no calibration; inf: the per-micro-step
+        excess is all of its probe step)."""
+        calibrated = self.settings.get(row.setting)
+        if calibrated is None or not row.samples_per_second:
+            return None
+        by_ratio = row.samples_per_second * calibrated.ratio
+        step = row.global_batch / row.samples_per_second - calibrated.extra_per_micro_step * max(1, row.accum_steps)
+        return max(by_ratio, row.global_batch / step) if step > 0 else math.inf
 
     def more(self, rows: Sequence[R], best_fresh: float) -> list[R]:
         """Step 2: of ``rows`` (probe rows not yet measured fresh), those that may beat
-        ``best_fresh`` once scaled, highest scaled rate first, at most :data:`MORE_AT_MOST`."""
-        scaled = [(s, r) for r in rows if (s := self.scaled(r)) is not None]
-        scaled.sort(key=lambda pair: -pair[0])
-        return [r for s, r in scaled if s >= best_fresh * (1 - CALIBRATION_MARGIN)][:MORE_AT_MOST]
+        ``best_fresh`` by their estimate, the highest first, at most :data:`MORE_AT_MOST`."""
+        estimated = [(e, r) for r in rows if (e := self.estimate(r)) is not None]
+        estimated.sort(key=lambda pair: -pair[0])
+        return [r for e, r in estimated if e >= best_fresh * (1 - CALIBRATION_MARGIN)][:MORE_AT_MOST]
 
     def note(self, row: ProbeRow) -> str:
         """The note of a probe row that was not measured fresh."""
         rate = row.samples_per_second or 0.0
-        scaled = self.scaled(row)
-        if scaled is None:
+        estimate = self.estimate(row)
+        if estimate is None:
             return f"the step alone, timed in the probe only ({rate:.1f} samples/s; its setting has no fresh rate)"
-        ratio = self.ratios[row.setting]
         return (
-            f"the step alone, timed in the probe only: {rate:.1f} samples/s, about {scaled:.1f} in a fresh "
-            f"process by its setting's calibration (x{ratio:.2f}): cannot win"
+            f"the step alone, timed in the probe only: {rate:.1f} samples/s, at most about {estimate:.1f} in a "
+            "fresh process by its setting's calibration: cannot win"
         )

@@ -156,9 +156,12 @@ def tune(
                         notify(progress, "note", text=f"tune: {setting.name}: {why}")
                         proofs.rows.append(_row(target, setting, floor[1], 1, status="cannot win", note=why))
                         continue
-                    # a script timed inline: each setting in its own probe, whose rates compare
-                    # with that probe's alone (jaxfit.tune.confirm)
-                    ahead = _Leader(tuning) if target.script is not None and tuning.measure == "inline" else leader
+                    # a script timed inline: each setting in its own probe, whose rates are not
+                    # compared with another probe's, nor used to drop a row (the probe's excess
+                    # grows with the micro-steps: jaxfit.tune.confirm decides what runs fresh)
+                    ahead = leader
+                    if target.script is not None and tuning.measure == "inline":
+                        ahead = _Leader(dataclasses.replace(tuning, drop_margin=None))
                     searched = _search_setting(target, setting, options, tuning, ahead, progress)
                     searches.append(searched)
                     proofs.rows += searched.rows
@@ -317,7 +320,7 @@ def _confirm_in_fresh_processes(
         row.inline_samples_per_second = rate
         row.note = row.note or f"its step alone ran {rate:.1f} samples/s in the probe"
         if row.status == "measured" and row.samples_per_second:
-            calibration.record(row.setting, rate, row.samples_per_second)
+            calibration.record(row, rate, row.samples_per_second)
             notify(progress, "note", text=f"tune:   {row.samples_per_second:.1f} samples/s in a fresh process")
 
     for row in settings_fastest(probed):

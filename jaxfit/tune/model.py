@@ -55,7 +55,7 @@ class TuneOptions:
         program is run where it was proven, in the compile process, on real arguments of its shapes
         (no start-up per candidate; the step alone; for a script, its probe, on the state the
         script built, and then rows again in a fresh process of the script, which sees its input
-        pipeline, by :mod:`jaxfit.tune.confirm`'s rule: on an H200 the probe rates ran 16-27 %
+        pipeline, by :mod:`jaxfit.tune.confirm`'s rule: on an H200 the probe rates ran 16-55 %
         below a fresh process, by a share that differs per setting); ``auto``: inline
         for a built-in example on a GPU (on an H100 it found the grid's winner in 0.40x of the
         grid's time against 0.63x, its rates within 1 % of a fresh process's:
