@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 
 import pytest
-from helpers import error_line
+from helpers import REPO, error_line
 
 import jaxfit
 from jaxfit.examples import build_workload
@@ -342,3 +343,29 @@ def test_a_shared_compile_process_that_will_run_what_it_proves_holds_its_whole_p
         (child,) = batch_mod._SHARED.get().values()
         environ = process_environ(str(child._proc.pid))
     assert f"XLA_PYTHON_CLIENT_PREALLOCATE={'true' if preallocate else 'false'} " in environ + " "
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_a_scripts_probe_that_will_time_what_it_proves_holds_its_whole_pool(preallocate, tmp_path, monkeypatch):
+    """A script's probe is its own process, not a shared one, and a tune timing inline runs the
+    proven program in it: it takes its pool at start too (on an H200 a probe whose pool grew could
+    not hold a program that fit, benchmarks/README.md section 27). The script records the variable."""
+    from jaxfit.fit import batch as batch_mod
+
+    record = tmp_path / "preallocate.txt"
+    record.write_text("")  # there before the probe: jaxfit removes the files a probe's start-up creates
+    wrapper = tmp_path / "wrapper.py"
+    mini = REPO / "tests" / "fixtures" / "mini_train.py"
+    wrapper.write_text(
+        "import os, runpy, sys\n"
+        "if '--help' not in sys.argv:  # the compile child, not the check of its --help\n"
+        f"    open({str(record)!r}, 'a').write(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', 'unset') + '\\n')\n"
+        f"sys.argv = [{str(mini)!r}] + sys.argv[1:]\n"
+        f"runpy.run_path({str(mini)!r}, run_name='__main__')\n"
+    )
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4, use_cache=False, width=1)
+    source = jaxfit.script_source([sys.executable, str(wrapper), "--steps", "1", "--width", "8"])
+    with batch_mod.shared_compile_process(preallocate=preallocate):
+        jaxfit.fit_batch(source, options)
+    assert record.read_text().split() == ["true" if preallocate else "false"]

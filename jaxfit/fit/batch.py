@@ -180,8 +180,11 @@ def shared_compile_process(*, preallocate: bool = False) -> Iterator[None]:
     on a GPU). Scripts are always probed in their own process. Every shared process is stopped at
     the end.
 
-    ``preallocate``: the shared processes take their whole pool at start, as a training process
-    does, because they will run what they prove (``jaxfit tune --measure inline``). A pool that
+    ``preallocate``: the shared processes, and the probes of scripts started meanwhile, take their
+    whole pool at start, as a training process does, because they will run what they prove
+    (``jaxfit tune --measure inline``; a script's probe grew its pool until 2026-11-28, and on an
+    H200 could not hold a program of 7.73 GiB proved under 9.87 GiB that a fresh process of the
+    script ran: benchmarks/README.md section 27). A pool that
     grows is a set of regions, and one large temporary buffer cannot span two: on H100s a compile
     process twice ran out of memory running gpt-small at 4 x 16 (5.15 GiB proved of 5.59 GiB), a
     program a fresh training process runs (benchmarks/README.md section 15)."""
@@ -216,7 +219,8 @@ def _open_child(
         fraction,
         cache_path=cache_path,
         start_timeout=options.start_timeout,
-        preallocate=pooled and _PREALLOCATE.get(),
+        # a script's probe, its own process, times there too (tune --script --measure inline)
+        preallocate=pool is not None and _PREALLOCATE.get(),
     )
     info = child.start()
     if pool is not None and pooled:
