@@ -1,16 +1,17 @@
 """Which rows of a script tuned with ``--measure inline`` run again in a fresh process (pure logic).
 
-A script's inline timing runs the proven program in the script's probe, one probe process per
-setting (a script's flag changes its program, so each setting starts its own). On an H200
-(benchmarks/README.md section 27) those probe rates were 16-55 % below what the same program gave
-in a fresh process of the script, by a share that differed from one probe to the next: remat none
-at 8 x 8 timed 138.9 samples/s in its probe and remat full at 16 x 4 142.9 in its own, while fresh
-processes gave about 260 and 195.5. Ranked on probe rates, the tune named the slower one.
+A script's inline timing runs each proven program in a probe of the script, a process of its own
+per proof (a script's flags, its accumulation among them, make its program, so each setting and
+each accumulation starts one). On an H200 (benchmarks/README.md section 27) those probe rates
+were 16-55 % below what the same program gave in a fresh process of the script, by a share that
+differed from row to row: remat none at 8 x 8 timed 138.9 samples/s in its probe and remat full at
+16 x 4 142.9 in its own, while fresh processes gave about 260 and 195.5. Ranked on probe rates,
+the tune named the slower one.
 
-The excess was 22-31 ms per micro-step in all four rows measured, so within one setting too a
-single ratio understates the rows with more micro-steps than the row it came from (remat none:
-x1.87 at 8 micro-steps, x2.21 at 16). So probe rates compare only within their probe (one
-setting), and scaled with the estimate that favours the row. The rule:
+The excess was 22-31 ms per micro-step in all four rows measured, so a single ratio understates
+the rows with more micro-steps than the row it came from (remat none: x1.87 at 8 micro-steps,
+x2.21 at 16). So probe rates are not ranked across settings, and a row is estimated with the
+calibration that favours it. The rule:
 
 1. each setting's fastest probe row runs in a fresh process (one per setting, fastest first),
    which calibrates the setting twice: its fresh rate over its probe rate, and its extra seconds

@@ -300,10 +300,10 @@ def _confirm_in_fresh_processes(
     progress: Progress | None,
 ) -> None:
     """A script tuned with ``--measure inline`` had each proof timed in its probe: the step alone,
-    in one probe process per setting. What trains is the script's loop, its input pipeline
-    included, and probe rates compare only within their probe, so rows run again in a fresh
-    process of the script with their pinned program by :mod:`jaxfit.tune.confirm`'s rule: each
-    setting's fastest, then those its calibration says may win. Each keeps both rates
+    in a probe process of its own. What trains is the script's loop, its input pipeline included,
+    and probe rates are not a fresh process's, so rows run again in a fresh process of the script
+    with their pinned program by :mod:`jaxfit.tune.confirm`'s rule: each setting's fastest, then
+    those its calibration says may win. Each keeps both rates
     (``inline_samples_per_second``, ``samples_per_second``)."""
     probed = [r for r in rows if r.status == "measured" and r.measured_in == "compile process"]
     calibration = Calibration()
