@@ -132,6 +132,11 @@ def tune(
     )
     device: dict[str, Any] = {}
     leader = _Leader(tuning)
+    # A script timed inline: each proof in a probe process of its own, whose rates ran slow by an
+    # excess per micro-step on an H200, so none drops a row (no margin); jaxfit.tune.confirm
+    # decides what runs again in a fresh process.
+    script_inline = target.script is not None and tuning.measure == "inline"
+    proving = _Leader(dataclasses.replace(tuning, drop_margin=None)) if script_inline else leader
     # Timed where they are proved: the compile process holds its whole pool from the start, as
     # the training process would (a pool that grows can fail a program that fits).
     preallocate = tuning.measure == "inline" and cuda_total_bytes() is not None
@@ -156,17 +161,11 @@ def tune(
                         notify(progress, "note", text=f"tune: {setting.name}: {why}")
                         proofs.rows.append(_row(target, setting, floor[1], 1, status="cannot win", note=why))
                         continue
-                    # a script timed inline: each setting in its own probe, whose rates are not
-                    # compared with another probe's, nor used to drop a row (the probe's excess
-                    # grows with the micro-steps: jaxfit.tune.confirm decides what runs fresh)
-                    ahead = leader
-                    if target.script is not None and tuning.measure == "inline":
-                        ahead = _Leader(dataclasses.replace(tuning, drop_margin=None))
-                    searched = _search_setting(target, setting, options, tuning, ahead, progress)
+                    searched = _search_setting(target, setting, options, tuning, proving, progress)
                     searches.append(searched)
                     proofs.rows += searched.rows
                     if searched.largest is not None:
-                        _prove_descending(target, searched, options, tuning, ahead, progress, proofs, floor)
+                        _prove_descending(target, searched, options, tuning, proving, progress, proofs, floor)
             search_seconds = sum(s.seconds for s in searches)
             rank_seconds = sum(s.rank_seconds for s in searches)
             rows, fits = proofs.rows, proofs.fits
@@ -220,7 +219,7 @@ def tune(
                             f" in {row.timed_steps} step(s): dropped, clearly slower" if row.status == "dropped" else ""
                         ),
                     )
-            if target.script is not None and tuning.measure == "inline":
+            if script_inline:
                 _confirm_in_fresh_processes(target, by_name, rows, fits, tuning, store, progress)
         finally:
             if store is not None:
@@ -234,11 +233,10 @@ def tune(
     _mfu(rows, peak_of)
     # Whole measurements first (of a script tuned inline, those in a fresh process of the script
     # before the steps timed alone in its probe), then the dropped (their short look), then the rest.
-    confirmed = target.script is not None and tuning.measure == "inline"
     rows.sort(
         key=lambda r: (
             r.status != "measured",
-            confirmed and r.measured_in != "process",
+            script_inline and r.measured_in != "process",
             r.samples_per_second is None,
             -(r.samples_per_second or 0),
         )
