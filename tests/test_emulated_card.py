@@ -55,6 +55,19 @@ def test_run_plan_runs_under_the_emulated_cards_limit() -> None:
     assert "of the planned card" in plan.summary()
 
 
+def test_a_run_at_the_fits_max_batch_says_larger_batches_were_not_tried() -> None:
+    """pi0 with --fsdp-devices 4 on four H200s: the cell asked for 732 and 736 only, both fit, and
+    the run's line said "batch 736 (fitted, ...)" as if 736 were the largest that fits."""
+    path = REPO / "benchmarks/results/h200x4/openpi/call8/pi0_libero-80GiB-gpu0123-run.json"
+    fit = FitResult.from_dict(json.loads(path.read_text())["fit"])
+    assert fit.outcome == "max" and fit.batch_size == 736
+    plan = _plan(["python", "train.py", "--batch-size=736"], 0.9, 736, fit, FitOptions(), "--grad-accum-steps")
+    assert "batch 736 (fitted: --max-batch, larger batches were not tried" in plan.summary()
+    bounded = FitResult.from_dict({**fit.to_dict(), "outcome": "boundary"})
+    plan = _plan(["python", "train.py", "--batch-size=736"], 0.9, 736, bounded, FitOptions(), "--grad-accum-steps")
+    assert "batch 736 (fitted, predicted peak" in plan.summary()
+
+
 H100_CUDA_TOTAL = 85_018_542_080  # what JAX's allocator counts on an H100 80GB HBM3 (79.18 GiB)
 
 
