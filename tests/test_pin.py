@@ -276,7 +276,10 @@ def test_run_dry_run_prints_a_line_that_runs_the_proven_program(tmp_path):
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "the proven program is pinned" in proc.stderr
+    said = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert "the proven program is pinned" in said
+    # --max-batch 32 fits: the line says it is the top of what was tried, not the largest that fits
+    assert "batch 32 (fitted: --max-batch, larger batches were not tried" in said
     line = proc.stdout.strip().splitlines()[-1]
     assert "JAXFIT_PIN=" in line and line.endswith("--batch-size=32")
     pasted = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
