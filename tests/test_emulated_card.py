@@ -66,6 +66,12 @@ def test_a_run_at_the_fits_max_batch_says_larger_batches_were_not_tried() -> Non
     bounded = FitResult.from_dict({**fit.to_dict(), "outcome": "boundary"})
     plan = _plan(["python", "train.py", "--batch-size=736"], 0.9, 736, bounded, FitOptions(), "--grad-accum-steps")
     assert "batch 736 (fitted, predicted peak" in plan.summary()
+    # a fit of the one batch asked for (a --global-batch run's) searched no window: no --max-batch
+    only = [c for c in fit.to_dict()["candidates"] if c["batch_size"] == 736]
+    single = FitResult.from_dict({**fit.to_dict(), "candidates": only})
+    assert single.outcome == "max" and not single.stopped_at_max_batch
+    plan = _plan(["python", "train.py", "--batch-size=736"], 0.9, 736, single, FitOptions(), "--grad-accum-steps")
+    assert "batch 736 (fitted, predicted peak" in plan.summary()
 
 
 H100_CUDA_TOTAL = 85_018_542_080  # what JAX's allocator counts on an H100 80GB HBM3 (79.18 GiB)

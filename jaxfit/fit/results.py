@@ -137,6 +137,13 @@ class FitResult:
         return self.pin is not None
 
     @property
+    def stopped_at_max_batch(self) -> bool:
+        """Whether the answer is the top of a window of batches the fit searched (``--max-batch``
+        fits, larger batches were not tried), not a proved boundary. A fit of one batch only (a
+        ``--global-batch`` run's, whose bounds are that batch) asked no such question."""
+        return self.outcome == "max" and any(c.batch_size != self.batch_size for c in self.candidates)
+
+    @property
     def step_name(self) -> str | None:
         """The name of the jitted function that was proven (None when the workload does not say)."""
         name = self.workload.get("description", {}).get("step_name") or self.workload.get("name")

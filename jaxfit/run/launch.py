@@ -55,7 +55,7 @@ class RunPlan:
 
     def summary(self) -> str:
         how = "fitted" if self.fit else "as given"
-        if self.fit is not None and self.fit.outcome == "max":  # the top of the window, not a boundary
+        if self.fit is not None and self.fit.stopped_at_max_batch:
             how = "fitted: --max-batch, larger batches were not tried"
         peak = self.settings.get("predicted_peak_bytes")
         from jaxfit.fit.budget import format_bytes
