@@ -27,7 +27,11 @@ pids=()
 for spec in "$@"; do
   read -r gpus mode config card arg rest <<<"$spec"
   tag=${config}-${card}-gpu${gpus//,/}
-  common=(env CUDA_VISIBLE_DEVICES="$gpus" OUT="$CELLS" SITE="/tmp/site-$tag" OPENPI_DIR="/tmp/openpi-$tag"
+  # the batch multiple of a cell: MULTIPLE if set, else its --fsdp-devices=N (so cells with and
+  # without FSDP can share one call), else 1
+  mult=${MULTIPLE:-1}
+  [ -z "${MULTIPLE:-}" ] && [[ " $rest " =~ --fsdp-devices=([0-9]+) ]] && mult=${BASH_REMATCH[1]}
+  common=(env CUDA_VISIBLE_DEVICES="$gpus" MULTIPLE="$mult" OUT="$CELLS" SITE="/tmp/site-$tag" OPENPI_DIR="/tmp/openpi-$tag"
     WORK="/tmp/work-$tag" CKPT_DIR="/tmp/ckpt-$tag" JAXFIT_CACHE_DIR="/tmp/cache-$tag" OPENPI_HOME="/tmp/home-$tag")
   case $mode in
     fit)
