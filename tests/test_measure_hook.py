@@ -73,3 +73,68 @@ def test_without_input_steps_the_hook_ends_after_the_steps():
     with pytest.raises(_Finished):
         for _ in range(5):
             hook(0)
+
+
+class _Programs:
+    """A step whose program can be swapped (as :meth:`jaxfit_pin.PinnedStep.load_other` does): each
+    program sleeps its own seconds and adds its own increment to the state."""
+
+    def __init__(self, programs: dict[str, tuple[float, int]], first: str) -> None:
+        self.programs, self.current, self.ran = programs, first, []
+
+    def __call__(self, state: int) -> int:
+        seconds, increment = self.programs[self.current]
+        self.ran.append(self.current)
+        time.sleep(seconds)
+        return state + increment
+
+    def load_other(self, path: str) -> str | None:
+        if path not in self.programs:
+            return "it takes other arguments"
+        self.current = path
+        return None
+
+
+def test_several_programs_are_timed_in_turn_on_the_state_the_loop_carries(tmp_path):
+    step = _Programs({"a": (0.01, 1), "b": (0.03, 10), "c": (0.02, 100)}, "a")
+    report = tmp_path / "measure.json"
+    hook = _Kept(step, warmup=1, steps=2, report_path=str(report), more_programs=["b", "other", "c"])
+    state = 0
+    with pytest.raises(_Finished):
+        for _ in range(20):
+            state = hook(state)
+    # each program: one warm-up call (a loaded program's first call is never timed) and 2 timed
+    assert step.ran == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert state == 3 * 1 + 3 * 10 + 2 * 100  # the state went through every program (the last call ends it)
+    data = json.loads(report.read_text())
+    programs = data["programs"]
+    assert [p["pin"] for p in programs] == [None, "b", "other", "c"]
+    assert programs[2] == {"pin": "other", "error": "it takes other arguments"}
+    assert all(s >= 0.03 for s in programs[1]["step_seconds"]) and len(programs[3]["step_seconds"]) == 2
+    assert max(programs[0]["step_seconds"]) < min(programs[1]["step_seconds"])
+    assert data["step_seconds"] == programs[0]["step_seconds"]  # the top level stays the first program's
+
+
+def test_a_program_clearly_slower_than_one_timed_before_it_in_the_process_stops_after_its_look(tmp_path):
+    """Successive halving inside one process: with a margin, the next program is compared with
+    the fastest timed before it; a slow one stops after its look and the next is timed."""
+    step = _Programs({"fast": (0.01, 1), "slow": (0.08, 1), "last": (0.01, 1)}, "fast")
+    report = tmp_path / "measure.json"
+    hook = _Kept(step, warmup=1, steps=4, report_path=str(report), more_programs=["slow", "last"], margin=(1, 0.1))
+    with pytest.raises(_Finished):
+        for _ in range(30):
+            hook(0)
+    programs = json.loads(report.read_text())["programs"]
+    assert [len(p["step_seconds"]) for p in programs] == [4, 1, 4]
+    assert [p["stopped_early"] for p in programs] == [False, True, False]
+    assert step.ran.count("slow") == 2  # its warm-up call and one timed step, not five
+
+
+def test_the_input_alone_is_timed_once_after_the_last_program(tmp_path):
+    step = _Programs({"a": (0.02, 1), "b": (0.02, 1)}, "a")
+    report = tmp_path / "measure.json"
+    hook = _Kept(step, warmup=1, steps=2, report_path=str(report), input_steps=2, more_programs=["b"])
+    calls = _loop(hook, 0.01, 30)
+    assert step.ran == ["a"] * 3 + ["b"] * 3 and calls == 6 + 3
+    data = json.loads(report.read_text())
+    assert len(data["input_seconds"]) == 2 and len(data["programs"]) == 2

@@ -13,8 +13,18 @@ measured longer (the report says ``stopped_early``). With ``$JAXFIT_MEASURE_INPU
 the timed steps are followed by ``N + 1`` calls that do not run the step (each returns the last
 step's outputs at once), and the time the script spends between them is its input pipeline
 alone (``input_seconds``; the first gap, whose batch the loader could prepare during a real
-step, is not counted): what the loader delivers when no step hides it. Standard library + jax
-only (it runs in the script's environment).
+step, is not counted): what the loader delivers when no step hides it.
+
+**Several programs in one process.** With ``$JAXFIT_MEASURE_PROGRAMS`` naming a JSON file that
+lists further pins (``pin.json`` paths of programs proven for the same global batch: another
+accumulation of the same setting), each is loaded in turn after the timed steps of the one before
+(:meth:`jaxfit_pin.PinnedStep.load_other`: its arguments and outputs must be the running program's)
+and timed the same way, in the same training loop, on the state the loop carries: one start-up
+for all of them instead of one each. With ``$JAXFIT_MEASURE_DROP_MARGIN`` as ``LOOK,MARGIN``, a
+program whose first ``LOOK`` timed steps are more than ``MARGIN`` slower than the fastest program
+timed before it in this process stops there (successive halving inside the process). The report's
+``programs`` lists each program's times (its top-level fields stay the first program's).
+Standard library + jax only (it runs in the script's environment).
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ MEASURE_ENV = "JAXFIT_MEASURE"
 REPORT_ENV = "JAXFIT_MEASURE_REPORT"
 GIVE_UP_ENV = "JAXFIT_MEASURE_GIVE_UP"
 INPUT_ENV = "JAXFIT_MEASURE_INPUT"
+PROGRAMS_ENV = "JAXFIT_MEASURE_PROGRAMS"
+MARGIN_ENV = "JAXFIT_MEASURE_DROP_MARGIN"
 
 
 def plan() -> "Optional[tuple[int, int]]":
@@ -56,6 +68,48 @@ def input_steps() -> int:
     return max(0, int(text)) if text else 0
 
 
+def programs() -> "List[str]":
+    """Pins to time after the first program, from the JSON list in ``$JAXFIT_MEASURE_PROGRAMS``."""
+    path = os.environ.get(PROGRAMS_ENV)
+    if not path:
+        return []
+    with open(path) as f:
+        listed = json.load(f)
+    return [str(p) for p in listed]
+
+
+def drop_margin() -> "Optional[tuple[int, float]]":
+    """``(look, margin)`` from ``$JAXFIT_MEASURE_DROP_MARGIN``, or None: no program is cut short for
+    being slower than one timed before it here."""
+    text = os.environ.get(MARGIN_ENV)
+    if not text:
+        return None
+    look, _, margin = text.partition(",")
+    return max(1, int(look)), float(margin)
+
+
+def give_up_seconds(
+    parent: "Optional[tuple[int, float]]", margin: "Optional[tuple[int, float]]", best_seconds: "Optional[float]"
+) -> "Optional[tuple[int, float]]":
+    """The give-up test of the next program: the parent's (``(look, seconds a step)``: clearly slower
+    than the best measured in the tune so far) or, when stricter, ``margin``'s against the fastest
+    program timed in this process (``best_seconds``: its step and the time before it)."""
+    local = None
+    if margin is not None and best_seconds:
+        local = (margin[0], best_seconds / (1.0 - margin[1]))
+    if parent is None:
+        return local
+    if local is None:
+        return parent
+    return (parent[0], min(parent[1], local[1]))
+
+
+def _median(values: "List[float]") -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
 def too_slow(step_seconds: "List[float]", outside_seconds: "List[float]", look: int, seconds: float) -> bool:
     """Whether the first ``look`` timed steps (each with the time before it) took more than
     ``seconds`` a step on average: the test that ends a measurement early."""
@@ -75,10 +129,17 @@ class MeasuredStep:
         report_path: Optional[str],
         give_up_after: "Optional[tuple[int, float]]" = None,
         input_steps: int = 0,
+        more_programs: "Optional[List[str]]" = None,
+        margin: "Optional[tuple[int, float]]" = None,
     ) -> None:
         self._step = step
         self._warmup, self._steps = warmup, steps
         self._give_up_after = give_up_after
+        self._parent_give_up = give_up_after
+        self._margin = margin
+        self._more = list(more_programs or [])
+        self._programs: List[Dict[str, Any]] = []  # what each program timed so far gave
+        self._pin_path = os.environ.get("JAXFIT_PIN") or None
         self._input_steps = input_steps
         self._input_seconds: List[float] = []
         self._loader_calls = 0
@@ -122,13 +183,64 @@ class MeasuredStep:
             done = len(self._step_seconds) >= self._steps
             stop = not done and self._give_up_after is not None
             stop = stop and too_slow(self._step_seconds, self._outside_seconds, *self._give_up_after)
-        if done and not stop and self._input_steps:
-            self._write_report(stopped_early=False)  # the steps stand even if the script ends now
+        if not (done or stop):
+            return out
+        several = bool(self._more or self._programs)
+        if several:  # several programs in this process: keep this one's times, load the next
+            self._program_done(stop)
+            if self._next_program():
+                return out
+        if self._input_steps and (several or not stop):
+            self._write_report(stopped_early=stop)  # the steps stand even if the script ends now
             self._last_out, self._loader_calls = out, 1  # the next calls time the loader alone
             return out
-        if done or stop:
-            self._finish(stopped_early=stop)
+        self._finish(stopped_early=stop)
         return out
+
+    def _result(self, stopped_early: bool) -> Dict[str, Any]:
+        return {
+            "pin": self._pin_path,
+            "stopped_early": stopped_early,
+            "step_seconds": list(self._step_seconds),
+            "outside_step_seconds": list(self._outside_seconds),
+            "first_call_seconds": self._first_call_seconds,
+        }
+
+    def _program_done(self, stopped_early: bool) -> None:
+        """Keep the times of the program just timed (the report is written, so a later program that
+        ends the process leaves them)."""
+        self._programs.append(self._result(stopped_early))
+        self._write_report(bool(self._programs[0]["stopped_early"]))
+
+    def _best_seconds(self) -> "Optional[float]":
+        whole = [
+            _median(p["step_seconds"]) + (_median(p["outside_step_seconds"]) if p["outside_step_seconds"] else 0.0)
+            for p in self._programs
+            if p.get("step_seconds") and not p.get("stopped_early")
+        ]
+        return min(whole) if whole else None
+
+    def _next_program(self) -> bool:
+        """Load the next program that loads (one that does not is reported with why) and start
+        timing it; False when none is left."""
+        while self._more:
+            path = self._more.pop(0)
+            load = getattr(self._step, "load_other", None)
+            error = "the step runs no pinned program" if load is None else load(path)
+            if error:
+                self._programs.append({"pin": path, "error": error})
+                self._write_report(bool(self._programs[0]["stopped_early"]))
+                print("jaxfit: not timed: %s (%s)" % (path, error), file=sys.stderr, flush=True)
+                continue
+            self._pin_path = path
+            self._calls, self._first_call_seconds = 0, None
+            self._step_seconds, self._outside_seconds = [], []
+            self._last_end = None
+            self._warmup = max(1, self._warmup)  # the first call of a loaded program is never timed
+            self._give_up_after = give_up_seconds(self._parent_give_up, self._margin, self._best_seconds())
+            print("jaxfit: timing the next proven program in this process: %s" % path, file=sys.stderr, flush=True)
+            return True
+        return False
 
     def _without_the_step(self, start: float) -> Any:
         """A call after the timed steps: the step is not run (the last outputs are returned, the
@@ -160,15 +272,19 @@ class MeasuredStep:
         os._exit(0)
 
     def _write_report(self, stopped_early: bool) -> None:
+        first = self._programs[0] if self._programs else self._result(stopped_early)
         report: Dict[str, Any] = {
             "stopped_early": stopped_early,
-            "step_seconds": self._step_seconds,
-            "outside_step_seconds": self._outside_seconds,
-            "first_call_seconds": self._first_call_seconds,
+            "step_seconds": first.get("step_seconds", []),
+            "outside_step_seconds": first.get("outside_step_seconds", []),
+            "first_call_seconds": first.get("first_call_seconds"),
             "input_seconds": self._input_seconds,
             "warmup": self._warmup,
             "seconds_to_done": time.time() - self._started,
         }
+        if self._programs:  # several programs: the top-level fields are the first one's
+            report["stopped_early"] = bool(first.get("stopped_early"))
+            report["programs"] = self._programs
         if self._report_path:
             tmp = "%s.%d.tmp" % (self._report_path, os.getpid())
             with open(tmp, "w") as f:

@@ -195,6 +195,7 @@ class PinnedStep:
         self._report_path = report_path
         self._programs: List[Tuple[Any, Any]] = []  # (signature, compiled)
         self._decisions: List[Dict[str, Any]] = []
+        self._lowered: Any = None  # the last call's lowering (its argument and output trees)
         self._lock = threading.Lock()
         try:
             self._pin: Optional[Dict[str, Any]] = load_pin(pin_path)
@@ -238,6 +239,74 @@ class PinnedStep:
             self._programs.append((signature, compiled))
             return compiled
 
+    def load_other(self, pin_path: str) -> Optional[str]:
+        """Run the program of another pin from now on, in place of the pinned program of the last
+        call's arguments (``jaxfit tune`` times several proven programs in one process,
+        :mod:`jaxfit_measure`): None when it is loaded; else why not (nothing changes). It must
+        have been proven for this jax, device, device count and ``XLA_FLAGS``, take the same
+        arguments (shapes, dtypes, shardings, donation) and give the same outputs, and fit this
+        process's pool; its fingerprint is another program's by design."""
+        with self._lock:
+            current = self._programs[-1] if self._programs else None
+            if current is None or current[1] is None or self._lowered is None:
+                return "no proven program runs here to stand in for"
+            if not self._decisions or not self._decisions[-1]["program_pinned"]:
+                return "the step here runs its own compile, not a proven program"
+            try:
+                pin = load_pin(pin_path)
+                reason = _mismatch(pin, str(pin.get("fingerprint")))
+                if reason is not None:
+                    return reason
+                with open(
+                    os.path.join(os.path.dirname(os.path.abspath(pin_path)), pin.get("executable", "executable.bin")),
+                    "rb",
+                ) as f:
+                    payload = f.read()
+                _check_whole(pin, payload)
+                _importable()
+                import jaxfit_cap
+                import jaxfit_compile_server as server_mod
+                from jax.experimental import serialize_executable
+
+                short = jaxfit_cap.short_of(
+                    int(pin["peak_bytes"]),
+                    pin.get("limit_bytes") or pin.get("budget_bytes"),
+                    int(pin.get("next_input_bytes") or 0),
+                )
+                if short is not None:
+                    return short
+                devices = _execution_devices(pin)
+                lowered = self._lowered
+                with server_mod.runtime_typechecks_off():
+                    if devices is None:
+                        compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
+                    else:
+                        compiled = serialize_executable.deserialize_and_load(
+                            payload, lowered.in_tree, lowered.out_tree, execution_devices=devices
+                        )
+                if interface(compiled) != interface(current[1]):
+                    return "it takes other arguments or gives other outputs than the program running here"
+            except Exception as e:  # a foreign or damaged pin: say so, keep the running program
+                return "it could not be loaded (%s: %s)" % (type(e).__name__, _first_line(e))
+            self._programs[-1] = (current[0], compiled)
+            self._decisions.append(
+                {
+                    "program_pinned": True,
+                    "program_peak_bytes": int(pin["peak_bytes"]),
+                    "reason": None,
+                    "stopped": False,
+                    "pin": pin_path,
+                }
+            )
+        self._write_report()
+        print(
+            "jaxfit: the train step now runs another proven program (peak %s, batch %s): %s"
+            % (_format_bytes(pin["peak_bytes"]), pin.get("batch_size"), pin_path),
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+
     def _decide(self, args: tuple, kwargs: dict) -> Any:
         """Load the pinned program for this call, or compile and check the step's own."""
         _importable()
@@ -265,6 +334,7 @@ class PinnedStep:
                 flush=True,
             )
             return None
+        self._lowered = lowered
         pin = self._pin
         reason = self._pin_error
         if pin is not None:
@@ -360,6 +430,21 @@ class PinnedStep:
                 "shapes": self._decisions,
             },
         )
+
+
+def interface(compiled: Any) -> str:
+    """What a compiled program takes and gives: each argument's shape, dtype, sharding and
+    donation, each output's shape, dtype and sharding (two programs of one interface can stand in
+    for each other in a training loop)."""
+    import jax
+
+    args = [str(a) for a in jax.tree_util.tree_leaves(compiled.args_info)]
+    outs = [
+        "%s %s %s" % (tuple(o.shape), o.dtype, getattr(o, "sharding", None))
+        for o in jax.tree_util.tree_leaves(compiled.out_info)
+    ]
+    shardings = str(jax.tree_util.tree_leaves(compiled.input_shardings))
+    return json.dumps([args, outs, shardings])
 
 
 def _stand_in(wrapper: Any, jitted: Any) -> None:

@@ -436,6 +436,8 @@ def _patch_jax(jax_module: Any) -> None:
                 os.environ.get(jaxfit_measure.REPORT_ENV),
                 jaxfit_measure.give_up(),
                 jaxfit_measure.input_steps(),
+                jaxfit_measure.programs(),
+                jaxfit_measure.drop_margin(),
             )
         return step
 

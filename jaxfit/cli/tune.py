@@ -32,6 +32,7 @@ def tune_command(
     drop_margin: float | None = 0.1,
     rank_untuned: bool = False,
     input_steps: int = 3,
+    one_process: bool = True,
     json: str | None = None,
     png: str | None = None,
     quiet: bool = False,
@@ -73,6 +74,7 @@ def tune_command(
         measure: process: each candidate trains in a fresh process with its pinned program (step and time between steps); inline: the proven program is timed in the compile process that proved it, on real arguments of its shapes (no start-up per candidate; the step alone; a program that process cannot hold is measured in a fresh one; a script is timed in its probe, on the state it built, then each setting's fastest row and those its rate there says may win again in a fresh process of the script, with its input: experimental; on an H200 the probe rates ran 16-55 % below a fresh process, differently per setting); auto: inline for a built-in example on a GPU, process otherwise.
         drop_margin: Stop measuring a candidate after the first quarter of --steps (4 or more) when it runs this share below the best rate measured so far (0.1: 10% slower); its row says dropped. With --rank-untuned, also the margin under which a micro-batch's untuned rate leaves it unproved (ranked out). None measures every candidate fully.
         input_steps: Fresh-process measuring: after the timed steps, time the script's loop this many iterations with the step skipped, its input pipeline's own rate (the row's input alone /s; limited by input when it is slower than the step); 0: not measured.
+        one_process: Fresh-process measuring: time a setting's proven programs (its accumulations of one global batch) one after another in one fresh process, each loaded in turn into the same training loop, instead of starting a process for each; a program that cannot stand in for the first (other arguments) gets a process of its own.
         rank_untuned: Experimental (GPU, --measure inline, --global-batch): run each micro-batch's untuned program a few steps first, prove the fastest first and leave out the clearly slower (ranked out). Off by default: on an H200 the untuned programs ran about 12x slower than the proven ones, so ranking cost more than the proofs it saved.
         json: Write the result (rows, best, breakdown of the best) to this file.
         png: Draw samples/s against micro-batch per setting to this PNG.
@@ -106,6 +108,7 @@ def tune_command(
         drop_margin=drop_margin,
         rank_untuned=rank_untuned,
         input_steps=input_steps,
+        one_process=one_process,
     ).validate()
     if script:
         if overrides:

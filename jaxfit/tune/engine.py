@@ -57,7 +57,7 @@ from jaxfit.fit.devices import cuda_total_bytes
 from jaxfit.fit.leftovers import cleaned
 from jaxfit.fit.pin import Pin, run_environment
 from jaxfit.tune.confirm import Calibration, settings_fastest
-from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measurements
+from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measure_together, _measurements
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
 from jaxfit.tune.prove import _Proofs, _prove_descending, _prove_ranked, _ranks, _row, _search_setting
@@ -194,31 +194,58 @@ def tune(
                 key=lambda r: (-bound(r), (r.flops_per_step or 0) / r.global_batch, -r.micro_batch),
             )
             measuring = time.perf_counter()  # --budget covers measuring; the fits before it are not counted
-            for row in order:
+
+            def can_run(row: Row) -> bool:
                 bound_row = bound(row)
                 if bound_row < leader.rate:
                     row.status = "cannot win"
                     row.note = f"at most {bound_row:.1f} samples/s at the device's peak; {leader.rate:.1f} was measured"
-                    continue
+                    return False
                 if tuning.budget_seconds is not None and time.perf_counter() - measuring > tuning.budget_seconds:
                     row.status, row.note = (
                         "budget spent",
                         f"--budget {tuning.budget_seconds:g} s of measuring was spent",
                     )
+                    return False
+                return True
+
+            pending = list(order)
+            while pending:
+                row = pending.pop(0)
+                if not can_run(row):
                     continue
-                notify(progress, "note", text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps}")
-                _measure_fresh(target, by_name, row, fits, tuning, store, leader.give_up())
-                leader.record(row)
-                if row.samples_per_second:
-                    notify(
-                        progress,
-                        "note",
-                        text=f"tune:   {row.samples_per_second:.1f} samples/s"
-                        + (" (cached)" if row.cached else "")
-                        + (
-                            f" in {row.timed_steps} step(s): dropped, clearly slower" if row.status == "dropped" else ""
-                        ),
-                    )
+                # one fresh process for the setting's rows (--one-process): the rest of them come along
+                group = [row]
+                if tuning.one_process and tuning.measure == "process":
+                    group += [r for r in pending if r.setting == row.setting and can_run(r)]
+                    pending = [r for r in pending if r.setting != row.setting]
+                notify(
+                    progress,
+                    "note",
+                    text="tune: measuring "
+                    + (
+                        f"{row.setting} at {row.micro_batch} x {row.accum_steps}"
+                        if len(group) == 1
+                        else f"{row.setting} at "
+                        + ", ".join(f"{r.micro_batch} x {r.accum_steps}" for r in group)
+                        + " in one process"
+                    ),
+                )
+                _measure_fresh(target, by_name, group, fits, tuning, store, leader.give_up())
+                for done in group:
+                    leader.record(done)
+                    if done.samples_per_second:
+                        notify(
+                            progress,
+                            "note",
+                            text=f"tune:   {done.micro_batch} x {done.accum_steps}: {done.samples_per_second:.1f} samples/s"
+                            + (" (cached)" if done.cached else "")
+                            + (
+                                f" in {done.timed_steps} step(s): dropped, clearly slower"
+                                if done.status == "dropped"
+                                else ""
+                            ),
+                        )
             if script_inline:
                 _confirm_in_fresh_processes(target, by_name, rows, fits, tuning, store, progress)
         finally:
@@ -273,19 +300,28 @@ def tune(
 def _measure_fresh(
     target: Target,
     by_name: Mapping[str, Setting],
-    row: Row,
+    rows: Sequence[Row],
     fits: Mapping[tuple[str, int, int], Any],
     tuning: TuneOptions,
     store: JsonStore | None,
     give_up: tuple[int, float] | None,
 ) -> None:
-    """Measure ``row`` in a fresh training process running its pinned program (``give_up``:
-    :meth:`_Leader.give_up`, as :func:`jaxfit.tune.measure._measure` takes it) and apply it to the row,
-    with the note of an input that was asked for and not timed."""
-    fit = fits[(row.setting, row.micro_batch, row.accum_steps)]
-    _apply(row, _measure(target, by_name[row.setting], row, fit, tuning, store, give_up))
-    row.measured_in = "process"
-    row.note = row.note or _input_unmeasured_note(row, tuning) or ""
+    """Measure ``rows`` (one setting's) in a fresh training process running their pinned programs,
+    one after another when there are several (:func:`jaxfit.tune.measure._measure_together`;
+    ``give_up``: :meth:`_Leader.give_up`, as :func:`jaxfit.tune.measure._measure` takes it) and
+    apply each to its row, with the note of an input that was asked for and not timed."""
+    setting = by_name[rows[0].setting]
+    proofs = [fits[(r.setting, r.micro_batch, r.accum_steps)] for r in rows]
+    if len(rows) == 1:
+        results = [_measure(target, setting, rows[0], proofs[0], tuning, store, give_up)]
+    else:
+        results = _measure_together(target, setting, rows, proofs, tuning, store, give_up)
+    for row, measured in zip(rows, results, strict=True):
+        _apply(row, measured)
+        row.measured_in = "process"
+        if measured.get("together"):
+            row.measured_together = int(measured["together"])
+        row.note = row.note or _input_unmeasured_note(row, tuning) or ""
 
 
 def _confirm_in_fresh_processes(
@@ -314,7 +350,7 @@ def _confirm_in_fresh_processes(
             text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps} in a fresh process "
             f"of the script (its step alone ran {rate:.1f} samples/s in the probe)",
         )
-        _measure_fresh(target, by_name, row, fits, tuning, store, None)
+        _measure_fresh(target, by_name, [row], fits, tuning, store, None)
         row.inline_samples_per_second = rate
         row.note = row.note or f"its step alone ran {rate:.1f} samples/s in the probe"
         if row.status == "measured" and row.samples_per_second:

@@ -81,6 +81,68 @@ def _measure(
     return dict(measured, cached=False)
 
 
+def _measure_together(
+    target: Target,
+    setting: Setting,
+    rows: Sequence[Row],
+    fits: Sequence[FitResult],
+    tune: TuneOptions,
+    cache: JsonStore | None,
+    give_up: tuple[int, float] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure ``rows`` (one setting's proven programs, one global batch; ``fits``: their proofs)
+    in one fresh process: the first row's command runs with its pin, and the hook loads and times
+    each other program after it in the same loop (:mod:`jaxfit._probe.jaxfit_measure`), one
+    start-up for all. What each gave, in the order of ``rows``. A row answered from the cache is
+    not run; one whose program could not be timed there (other arguments, the process ended
+    before it) is measured in a process of its own, as :func:`_measure` does."""
+    results: list[dict[str, Any] | None] = [None] * len(rows)
+    keys: list[str | None] = []
+    for i, (row, fit) in enumerate(zip(rows, fits, strict=True)):
+        key = _measure_key(row, fit, target.command(setting, row.micro_batch, row.accum_steps, measuring=True), tune)
+        keys.append(key)
+        hit = cache.get(key) if cache is not None and key is not None else None
+        if hit is not None:
+            results[i] = dict(hit, cached=True)
+    todo = [i for i in range(len(rows)) if results[i] is None and fits[i].pin]
+    if len(todo) >= 2:
+        first = rows[todo[0]]
+        command = target.command(setting, first.micro_batch, first.accum_steps, measuring=True)
+        more = [str(fits[i].pin["path"]) for i in todo[1:]]  # type: ignore[index]
+        folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
+        try:
+            per_step = (give_up[0], give_up[1] * first.global_batch) if give_up else None
+            measured = _measure_in(folder, target, fits[todo[0]], tune, command, per_step, more)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        programs = list(measured.get("programs") or [])
+        by_pin = {str(p.get("pin")): p for p in programs[1:]}
+        for n, i in enumerate(todo):
+            entry = programs[0] if n == 0 and programs else by_pin.get(more[n - 1]) if n else None
+            if n == 0 and not programs:  # the first program did not finish its steps: what the process said
+                results[i] = dict(measured, cached=False)
+            elif entry is not None and entry.get("step_seconds"):
+                results[i] = {
+                    "step_seconds": entry["step_seconds"],
+                    "outside_step_seconds": entry.get("outside_step_seconds") or [],
+                    "first_call_seconds": entry.get("first_call_seconds"),
+                    "stopped_early": bool(entry.get("stopped_early")),
+                    "input_seconds": measured.get("input_seconds") or [],  # the loop's, after the last program
+                    "program_pinned": measured.get("program_pinned"),
+                    "exit_code": measured.get("exit_code"),
+                    "together": len(todo),
+                    "cached": False,
+                }
+            done, key = results[i], keys[i]
+            if done and cache is not None and key is not None:
+                if done.get("step_seconds") and not done.get("stopped_early"):
+                    cache.put(key, {k: v for k, v in done.items() if k != "cached"})
+    for i, row in enumerate(rows):  # alone: not pinned, not reached, or another interface
+        if results[i] is None:
+            results[i] = _measure(target, setting, row, fits[i], tune, cache, give_up)
+    return [r for r in results if r is not None]
+
+
 def _measure_in(
     folder: Path,
     target: Target,
@@ -88,10 +150,12 @@ def _measure_in(
     tune: TuneOptions,
     command: list[str],
     give_up: tuple[int, float] | None,
+    more: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``command`` measuring its steps, with its log and reports in ``folder`` (``give_up``:
-    ``(look, seconds per step)``); what it creates (its checkpoint folder, wandb's temporary
-    folders) is taken away after it."""
+    ``(look, seconds per step)``; ``more``: further pins to time after the first in the same
+    process); what it creates (its checkpoint folder, wandb's temporary folders) is taken away
+    after it."""
     report = folder / "measure.json"
     env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
     env.update(
@@ -108,6 +172,13 @@ def _measure_in(
     env.update(pool_environment(fit.process_fraction, cuda_total_bytes()))  # checked before its first step
     if give_up is not None:
         env["JAXFIT_MEASURE_GIVE_UP"] = f"{give_up[0]},{give_up[1]!r}"
+    timeout = tune.measure_timeout * (1 + len(more))
+    if more:
+        listed = folder / "programs.json"
+        listed.write_text(json.dumps(list(more)))
+        env["JAXFIT_MEASURE_PROGRAMS"] = str(listed)
+        if tune.drop_margin is not None and tune.steps >= 4:  # successive halving inside the process
+            env["JAXFIT_MEASURE_DROP_MARGIN"] = f"{tune.look_steps},{tune.drop_margin!r}"
     pin = Pin.from_dict(fit.pin) if fit.pin else None
     env.update(hook_environment(pin, str(folder / "pin-report.json")))
     cwd = target.script.cwd if target.script is not None else None
@@ -126,7 +197,7 @@ def _measure_in(
             start_new_session=True,
         )
         try:
-            code: int | None = proc.wait(timeout=tune.measure_timeout)
+            code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = None
         finally:

@@ -66,6 +66,10 @@ class TuneOptions:
         measure every candidate fully.
       input_steps: With fresh-process measuring, the script's loop is then timed this many
         iterations with the step skipped: its input pipeline's own rate (0: not measured).
+      one_process: With fresh-process measuring, a setting's proven programs (its accumulations
+        of one global batch) are timed one after another in one fresh process, each loaded in turn
+        into the same training loop (:func:`jaxfit.tune.measure._measure_together`): one start-up
+        a setting instead of one a row. False: a process for each.
       rank_untuned: Experimental, GPU with ``measure="inline"`` and a global batch: run every
         micro-batch's untuned program (compiled by the search, accumulated to the global batch)
         a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best
@@ -86,6 +90,7 @@ class TuneOptions:
     drop_margin: float | None = DROP_MARGIN
     rank_untuned: bool = False
     input_steps: int = 3
+    one_process: bool = True
 
     @property
     def look_steps(self) -> int:
@@ -157,6 +162,9 @@ class Row:
     cached: bool = False
     measured_in: str = ""
     """``process`` (a fresh training process) or ``compile process`` (``--measure inline``)."""
+    measured_together: int | None = None
+    """How many proven programs the fresh process that measured this row timed, one after another
+    (``--one-process``); None: it ran alone."""
     pin: str | None = None
     precision: str = ""
     remat: bool = False

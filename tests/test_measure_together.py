@@ -1,0 +1,89 @@
+"""Several proven programs timed in one fresh training process (``jaxfit tune --one-process``):
+real pins, a real script, the real start-up hook (CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import FIXTURES, REPO
+
+pytestmark = pytest.mark.slow  # real subprocesses and compiles
+
+MINI = str(FIXTURES / "mini_train.py")
+SMALL = ["--device-memory", "64MiB", "--mem-fraction", "0.5"]
+
+
+def _pin(run_cli, tmp_path: Path, name: str, *flags: str, batch: int = 16) -> str:
+    """The pin of mini_train.py's step at ``batch`` with ``flags``, proved by ``jaxfit fit``."""
+    proc = run_cli(
+        "fit", "--script", *SMALL, "--min-batch", str(batch), "--max-batch", str(batch), "--quiet", "--json", name,
+        "--", sys.executable, MINI, "--steps", "1", *flags,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((tmp_path / name).read_text())["pin"]["path"]
+
+
+def test_the_hook_loads_each_proven_program_in_turn_and_refuses_one_of_other_arguments(tmp_path, run_cli):
+    """mini_train.py at learning rate 0.1 runs its pin, then the pin proved at learning rate 0 (the
+    same arguments, another program: the weights stop changing, which shows it really runs), then
+    is offered a pin of batch 8, which takes other arguments: refused with why, nothing breaks."""
+    learning = _pin(run_cli, tmp_path, "a.json")
+    frozen = _pin(run_cli, tmp_path, "b.json", "--lr", "0")
+    other = _pin(run_cli, tmp_path, "c.json", batch=8)
+    programs = tmp_path / "programs.json"
+    programs.write_text(json.dumps([frozen, other]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_")}
+    env.update(
+        PYTHONPATH=str(REPO / "jaxfit" / "_probe"),
+        JAXFIT_PIN=learning,
+        JAXFIT_PIN_REPORT=str(tmp_path / "pin.json"),
+        JAXFIT_MEASURE="1,2",
+        JAXFIT_MEASURE_REPORT=str(tmp_path / "measure.json"),
+        JAXFIT_MEASURE_STEP_NAME="train_step",
+        JAXFIT_MEASURE_PROGRAMS=str(programs),
+        XLA_PYTHON_CLIENT_MEM_FRACTION="0.5",
+    )
+    proc = subprocess.run(
+        [sys.executable, MINI, "--steps", "20", "--print-norm"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    norms = [float(line.split()[2]) for line in proc.stdout.splitlines() if line.startswith("norm ")]
+    # 3 calls of the learning program (1 warm-up, 2 timed) change the weights; the frozen one's 3 do not
+    # (the last call ends the process before the script prints)
+    assert len(norms) == 5, proc.stdout
+    assert len(set(norms[:3])) == 3 and norms[2] == norms[3] == norms[4], norms
+    report = json.loads((tmp_path / "measure.json").read_text())
+    first, second, refused = report["programs"]
+    assert len(first["step_seconds"]) == 2 and len(second["step_seconds"]) == 2 and second["pin"] == frozen
+    assert refused["pin"] == other and "other arguments" in refused["error"]
+    assert "now runs another proven program" in proc.stderr
+    pinned = json.loads((tmp_path / "pin.json").read_text())
+    assert pinned["program_pinned"] is True and [d["program_pinned"] for d in pinned["shapes"]] == [True, True]
+
+
+def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli):
+    """train.py debug, global batch 8 at 4 x 2 and 2 x 4: both rows come from one fresh process
+    (measured_together 2) and match, in ranking terms, what --no-one-process measures one a process."""
+    command = [
+        "--", sys.executable, str(REPO / "scripts" / "train.py"), "debug", "--exp-name=tq",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}", "--no-wandb-enabled",
+    ]  # fmt: skip
+    args = ["tune", "--script", "--global-batch", "8", "--micro-batches", "2", "--max-batch", "4", "--device-memory",
+            "1GiB", "--mem-fraction", "0.3", "--warmup", "1", "--steps", "3", "--no-cache"]  # fmt: skip
+    proc = run_cli(*args, "--json", "t.json", *command)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in json.loads((tmp_path / "t.json").read_text())["rows"] if r["status"] == "measured"]
+    assert sorted((r["micro_batch"], r["accum_steps"]) for r in rows) == [(2, 4), (4, 2)]
+    assert all(r["measured_together"] == 2 and r["measured_in"] == "process" for r in rows), rows
+    assert "in one process" in " ".join(proc.stderr.split())  # the progress, wrapped
+
+    apart = run_cli(*args, "--no-one-process", "--json", "a.json", *command)
+    assert apart.returncode == 0, apart.stderr[-3000:]
+    alone = [r for r in json.loads((tmp_path / "a.json").read_text())["rows"] if r["status"] == "measured"]
+    assert len(alone) == 2 and all(r["measured_together"] is None for r in alone)
