@@ -134,9 +134,9 @@ def _measure_together(
                     "cached": False,
                 }
             done, key = results[i], keys[i]
-            if done and cache is not None and key is not None:
-                if done.get("step_seconds") and not done.get("stopped_early"):
-                    cache.put(key, {k: v for k, v in done.items() if k != "cached"})
+            whole = bool(done and done.get("step_seconds") and not done.get("stopped_early"))
+            if whole and done and cache is not None and key is not None:
+                cache.put(key, {k: v for k, v in done.items() if k != "cached"})
     for i, row in enumerate(rows):  # alone: not pinned, not reached, or another interface
         if results[i] is None:
             results[i] = _measure(target, setting, row, fits[i], tune, cache, give_up)
