@@ -42,6 +42,9 @@ GIVE_UP_ENV = "JAXFIT_MEASURE_GIVE_UP"
 INPUT_ENV = "JAXFIT_MEASURE_INPUT"
 PROGRAMS_ENV = "JAXFIT_MEASURE_PROGRAMS"
 MARGIN_ENV = "JAXFIT_MEASURE_DROP_MARGIN"
+DEADLINE_ENV = "JAXFIT_MEASURE_DEADLINE"
+BUDGET_SPENT = "the tune's --budget was spent before it"
+"""The ``error`` of a program not loaded because ``$JAXFIT_MEASURE_DEADLINE`` (a Unix time) passed."""
 
 
 def plan() -> "Optional[tuple[int, int]]":
@@ -76,6 +79,12 @@ def programs() -> "List[str]":
     with open(path) as f:
         listed = json.load(f)
     return [str(p) for p in listed]
+
+
+def deadline() -> "Optional[float]":
+    """The Unix time after which no further program is loaded (``$JAXFIT_MEASURE_DEADLINE``), or None."""
+    text = os.environ.get(DEADLINE_ENV)
+    return float(text) if text else None
 
 
 def drop_margin() -> "Optional[tuple[int, float]]":
@@ -131,6 +140,7 @@ class MeasuredStep:
         input_steps: int = 0,
         more_programs: "Optional[List[str]]" = None,
         margin: "Optional[tuple[int, float]]" = None,
+        until: "Optional[float]" = None,
     ) -> None:
         self._step = step
         self._warmup, self._steps = warmup, steps
@@ -138,6 +148,7 @@ class MeasuredStep:
         self._parent_give_up = give_up_after
         self._margin = margin
         self._more = list(more_programs or [])
+        self._until = until
         self._programs: List[Dict[str, Any]] = []  # what each program timed so far gave
         self._pin_path = os.environ.get("JAXFIT_PIN") or None
         self._input_steps = input_steps
@@ -181,8 +192,8 @@ class MeasuredStep:
                     self._outside_seconds.append(start - self._last_end)
             self._last_end = end
             done = len(self._step_seconds) >= self._steps
-            stop = not done and self._give_up_after is not None
-            stop = stop and too_slow(self._step_seconds, self._outside_seconds, *self._give_up_after)
+            give_up = self._give_up_after
+            stop = not done and give_up is not None and too_slow(self._step_seconds, self._outside_seconds, *give_up)
         if not (done or stop):
             return out
         several = bool(self._more or self._programs)
@@ -223,6 +234,10 @@ class MeasuredStep:
     def _next_program(self) -> bool:
         """Load the next program that loads (one that does not is reported with why) and start
         timing it; False when none is left."""
+        if self._until is not None and self._more and time.time() > self._until:
+            self._programs += [{"pin": path, "error": BUDGET_SPENT} for path in self._more]
+            self._more = []
+            self._write_report(bool(self._programs[0]["stopped_early"]))
         while self._more:
             path = self._more.pop(0)
             load = getattr(self._step, "load_other", None)

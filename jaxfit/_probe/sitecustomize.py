@@ -438,6 +438,7 @@ def _patch_jax(jax_module: Any) -> None:
                 jaxfit_measure.input_steps(),
                 jaxfit_measure.programs(),
                 jaxfit_measure.drop_margin(),
+                jaxfit_measure.deadline(),
             )
         return step
 

@@ -231,7 +231,10 @@ def tune(
                         + " in one process"
                     ),
                 )
-                _measure_fresh(target, by_name, group, fits, tuning, store, leader.give_up())
+                deadline = None
+                if tuning.budget_seconds is not None:  # no program of the group starts after it
+                    deadline = time.time() + tuning.budget_seconds - (time.perf_counter() - measuring)
+                _measure_fresh(target, by_name, group, fits, tuning, store, leader.give_up(), deadline)
                 for done in group:
                     leader.record(done)
                     if done.samples_per_second:
@@ -305,6 +308,7 @@ def _measure_fresh(
     tuning: TuneOptions,
     store: JsonStore | None,
     give_up: tuple[int, float] | None,
+    deadline: float | None = None,
 ) -> None:
     """Measure ``rows`` (one setting's) in a fresh training process running their pinned programs,
     one after another when there are several (:func:`jaxfit.tune.measure._measure_together`;
@@ -315,8 +319,11 @@ def _measure_fresh(
     if len(rows) == 1:
         results = [_measure(target, setting, rows[0], proofs[0], tuning, store, give_up)]
     else:
-        results = _measure_together(target, setting, rows, proofs, tuning, store, give_up)
+        results = _measure_together(target, setting, rows, proofs, tuning, store, give_up, deadline)
     for row, measured in zip(rows, results, strict=True):
+        if measured.get("budget_spent"):
+            row.status, row.note = "budget spent", f"--budget {tuning.budget_seconds:g} s of measuring was spent"
+            continue
         _apply(row, measured)
         row.measured_in = "process"
         if measured.get("together"):

@@ -12,10 +12,12 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxfit._probe.jaxfit_measure import BUDGET_SPENT
 from jaxfit.fit import FitOptions, FitResult
 from jaxfit.fit.answers import device_identity
 from jaxfit.fit.budget import set_fraction
@@ -89,13 +91,15 @@ def _measure_together(
     tune: TuneOptions,
     cache: JsonStore | None,
     give_up: tuple[int, float] | None = None,
+    deadline: float | None = None,
 ) -> list[dict[str, Any]]:
     """Measure ``rows`` (one setting's proven programs, one global batch; ``fits``: their proofs)
     in one fresh process: the first row's command runs with its pin, and the hook loads and times
     each other program after it in the same loop (:mod:`jaxfit._probe.jaxfit_measure`), one
     start-up for all. What each gave, in the order of ``rows``. A row answered from the cache is
     not run; one whose program could not be timed there (other arguments, the process ended
-    before it) is measured in a process of its own, as :func:`_measure` does."""
+    before it) is measured in a process of its own, as :func:`_measure` does. ``deadline`` (a Unix
+    time: ``--budget``): no program is started after it; those rows give ``{"budget_spent": True}``."""
     results: list[dict[str, Any] | None] = [None] * len(rows)
     keys: list[str | None] = []
     for i, (row, fit) in enumerate(zip(rows, fits, strict=True)):
@@ -112,7 +116,7 @@ def _measure_together(
         folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
         try:
             per_step = (give_up[0], give_up[1] * first.global_batch) if give_up else None
-            measured = _measure_in(folder, target, fits[todo[0]], tune, command, per_step, more)
+            measured = _measure_in(folder, target, fits[todo[0]], tune, command, per_step, more, deadline)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         programs = list(measured.get("programs") or [])
@@ -121,6 +125,8 @@ def _measure_together(
             entry = programs[0] if n == 0 and programs else by_pin.get(more[n - 1]) if n else None
             if n == 0 and not programs:  # the first program did not finish its steps: what the process said
                 results[i] = dict(measured, cached=False)
+            elif entry is not None and entry.get("error") == BUDGET_SPENT:
+                results[i] = {"budget_spent": True}
             elif entry is not None and entry.get("step_seconds"):
                 results[i] = {
                     "step_seconds": entry["step_seconds"],
@@ -139,7 +145,10 @@ def _measure_together(
                 cache.put(key, {k: v for k, v in done.items() if k != "cached"})
     for i, row in enumerate(rows):  # alone: not pinned, not reached, or another interface
         if results[i] is None:
-            results[i] = _measure(target, setting, row, fits[i], tune, cache, give_up)
+            spent = deadline is not None and time.time() > deadline
+            results[i] = (
+                {"budget_spent": True} if spent else _measure(target, setting, row, fits[i], tune, cache, give_up)
+            )
     return [r for r in results if r is not None]
 
 
@@ -151,6 +160,7 @@ def _measure_in(
     command: list[str],
     give_up: tuple[int, float] | None,
     more: Sequence[str] = (),
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Run ``command`` measuring its steps, with its log and reports in ``folder`` (``give_up``:
     ``(look, seconds per step)``; ``more``: further pins to time after the first in the same
@@ -179,6 +189,8 @@ def _measure_in(
         env["JAXFIT_MEASURE_PROGRAMS"] = str(listed)
         if tune.drop_margin is not None and tune.steps >= 4:  # successive halving inside the process
             env["JAXFIT_MEASURE_DROP_MARGIN"] = f"{tune.look_steps},{tune.drop_margin!r}"
+        if deadline is not None:
+            env["JAXFIT_MEASURE_DEADLINE"] = repr(deadline)
     pin = Pin.from_dict(fit.pin) if fit.pin else None
     env.update(hook_environment(pin, str(folder / "pin-report.json")))
     cwd = target.script.cwd if target.script is not None else None
