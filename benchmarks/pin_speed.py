@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tune import REPO, script_command, timed_point  # noqa: E402
+from bench_tune import REPO, script_command, timed_point
 
 
 def main() -> int:
