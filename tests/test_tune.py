@@ -157,6 +157,7 @@ def test_a_budget_counts_measuring_only_and_the_rows_past_it_say_so(tmp_path, ru
         (["tune", "--example", "gpt-tiny", "--axis=--a=1"], "--axis applies to scripts"),
         (["tune", "--global-batch", "0"], "--global-batch 0 must be at least 1"),
         (["tune", "--steps", "0"], "--warmup and --steps must be at least 1"),
+        (["tune", "--parallel", "0"], "--parallel 0 must be at least 1"),
     ],
 )
 def test_tune_bad_input_is_one_line(run_cli, args, message):

@@ -33,6 +33,7 @@ def tune_command(
     rank_untuned: bool = False,
     input_steps: int = 3,
     one_process: bool = True,
+    parallel: int = 1,
     json: str | None = None,
     png: str | None = None,
     quiet: bool = False,
@@ -75,6 +76,7 @@ def tune_command(
         drop_margin: Stop measuring a candidate after the first quarter of --steps (4 or more) when it runs this share below the best rate measured so far (0.1: 10% slower); its row says dropped. With --rank-untuned, also the margin under which a micro-batch's untuned rate leaves it unproved (ranked out). None measures every candidate fully.
         input_steps: Fresh-process measuring: after the timed steps, time the script's loop this many iterations with the step skipped, its input pipeline's own rate (the row's input alone /s; limited by input when it is slower than the step); 0: not measured.
         one_process: Fresh-process measuring: time a setting's proven programs (its accumulations of one global batch) one after another in one fresh process, each loaded in turn into the same training loop, instead of starting a process for each; a program that cannot stand in for the first (other arguments) gets a process of its own.
+        parallel: A script measured in fresh processes (--measure process): run its settings' searches, and each setting's proofs, this many probes of the script at once (on a GPU at most 0.95 / the fraction of them, each holding its own pool). Experimental: not yet measured on a GPU, where concurrent autotuning may pick other kernels.
         rank_untuned: Experimental (GPU, --measure inline, --global-batch): run each micro-batch's untuned program a few steps first, prove the fastest first and leave out the clearly slower (ranked out). Off by default: on an H200 the untuned programs ran about 12x slower than the proven ones, so ranking cost more than the proofs it saved.
         json: Write the result (rows, best, breakdown of the best) to this file.
         png: Draw samples/s against micro-batch per setting to this PNG.
@@ -109,6 +111,7 @@ def tune_command(
         rank_untuned=rank_untuned,
         input_steps=input_steps,
         one_process=one_process,
+        parallel=parallel,
     ).validate()
     if script:
         if overrides:

@@ -42,7 +42,9 @@ Implementation: :mod:`jaxfit.tune.model` (options, rows, result), :mod:`jaxfit.t
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -60,7 +62,7 @@ from jaxfit.tune.confirm import Calibration, settings_fastest
 from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measure_together, _measurements
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
-from jaxfit.tune.prove import _Proofs, _prove_descending, _prove_ranked, _ranks, _row, _search_setting
+from jaxfit.tune.prove import _Proofs, _prove_descending, _prove_ranked, _ranks, _row, _search_setting, _Searched
 from jaxfit.tune.space import Setting, plain_twin, upper_bound_samples_per_second
 
 __all__ = [
@@ -143,6 +145,8 @@ def tune(
     with context:
         with shared_compile_process(preallocate=preallocate):  # one compile process for every setting and accumulation
             proofs, searches = _Proofs(), []
+            early: dict[str, _Searched] = {}
+            early_seconds = 0.0
             if _ranks(target, tuning):  # every setting's rates first, then the proofs fastest first
                 searches = [_search_setting(target, s, options, tuning, leader, progress) for s in settings]
                 proofs.rows += [r for s in searches for r in s.rows]
@@ -150,6 +154,10 @@ def tune(
             else:  # setting by setting, so that each is timed against the best of those before it
                 # (those without remat first: a remat setting is then proved only at micro-batches
                 # its twin without remat cannot hold, where it can be the faster)
+                parallel = _probes_at_once(target, tuning, options)
+                began = time.perf_counter()
+                early = _search_side_by_side(target, settings, options, tuning, proving, progress, parallel)
+                early_seconds = time.perf_counter() - began if early else 0.0
                 for setting in sorted(settings, key=lambda s: s.remat):
                     floor = _twin_floor(setting, proofs)
                     if floor is not None and tuning.global_batch is not None and floor[1] >= tuning.global_batch:
@@ -161,12 +169,15 @@ def tune(
                         notify(progress, "note", text=f"tune: {setting.name}: {why}")
                         proofs.rows.append(_row(target, setting, floor[1], 1, status="cannot win", note=why))
                         continue
-                    searched = _search_setting(target, setting, options, tuning, proving, progress)
+                    searched = early.get(setting.name) or _search_setting(
+                        target, setting, options, tuning, proving, progress
+                    )
                     searches.append(searched)
                     proofs.rows += searched.rows
                     if searched.largest is not None:
-                        _prove_descending(target, searched, options, tuning, proving, progress, proofs, floor)
-            search_seconds = sum(s.seconds for s in searches)
+                        _prove_descending(target, searched, options, tuning, proving, progress, proofs, floor, parallel)
+            # (searches side by side count their wall time, not the sum of theirs)
+            search_seconds = early_seconds + sum(s.seconds for s in searches if s.setting.name not in early)
             rank_seconds = sum(s.rank_seconds for s in searches)
             rows, fits = proofs.rows, proofs.fits
             for f in fits.values():
@@ -298,6 +309,41 @@ def tune(
         env=winner_environment(best_fit.pin if best_fit else None, fraction) if command else {},
         phase_seconds=phases,
     )
+
+
+def _probes_at_once(target: Target, tuning: TuneOptions, options: FitOptions) -> int:
+    """How many probes of a script run at once (``--parallel``): only for a script measured in
+    fresh processes (inline, a probe times what it proves: one at a time), and on a GPU no more
+    than fit side by side under the fraction, each holding at most its own pool."""
+    if target.script is None or tuning.measure != "process" or tuning.parallel <= 1:
+        return 1
+    if cuda_total_bytes() is None:
+        return tuning.parallel
+    return max(1, min(tuning.parallel, int(0.95 / options.resolved_fraction())))
+
+
+def _search_side_by_side(
+    target: Target,
+    settings: Sequence[Setting],
+    options: FitOptions,
+    tuning: TuneOptions,
+    leader: _Leader,
+    progress: Progress | None,
+    parallel: int,
+) -> dict[str, _Searched]:
+    """Every setting's search, ``parallel`` probes at once (none when ``parallel`` is 1: each is
+    searched in turn, just before it is proved). A remat setting whose twin turns out to hold the
+    whole global batch was searched for nothing, side by side with the others."""
+    if parallel <= 1 or len(settings) < 2:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = {
+            s.name: pool.submit(
+                contextvars.copy_context().run, _search_setting, target, s, options, tuning, leader, progress
+            )
+            for s in settings
+        }
+        return {name: future.result() for name, future in futures.items()}
 
 
 def _measure_fresh(

@@ -70,6 +70,10 @@ class TuneOptions:
         of one global batch) are timed one after another in one fresh process, each loaded in turn
         into the same training loop (:func:`jaxfit.tune.measure._measure_together`): one start-up
         a setting instead of one a row. False: a process for each.
+      parallel: A script measured in fresh processes: its settings' searches, and each setting's
+        proofs, run this many probes of the script at once (each a process of the script under the
+        fraction; on a GPU at most as many as 0.95 / fraction). 1: one at a time. Experimental:
+        not yet measured on a GPU, where concurrent autotuning may pick other kernels.
       rank_untuned: Experimental, GPU with ``measure="inline"`` and a global batch: run every
         micro-batch's untuned program (compiled by the search, accumulated to the global batch)
         a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best
@@ -91,6 +95,7 @@ class TuneOptions:
     rank_untuned: bool = False
     input_steps: int = 3
     one_process: bool = True
+    parallel: int = 1
 
     @property
     def look_steps(self) -> int:
@@ -109,6 +114,8 @@ class TuneOptions:
             raise ConfigError(f"--budget {self.budget_seconds} must be more than 0 seconds")
         if self.input_steps < 0:
             raise ConfigError(f"--input-steps {self.input_steps} must be 0 or more (0: the loader is not timed alone)")
+        if self.parallel < 1:
+            raise ConfigError(f"--parallel {self.parallel} must be at least 1 (1: one probe at a time)")
         if self.micro_batches < 1:
             raise ConfigError(f"--micro-batches {self.micro_batches} must be at least 1")
         if self.measure not in ("auto", "process", "inline"):
@@ -178,6 +185,8 @@ class Row:
     prove_seconds: float | None = None
     """What proving this row cost, wall time: loading its workload into the compile process, its
     compiles, its pin and (inline) its timing; None when it was not proved (or came with its search)."""
+    prove_started_at: float | None = None
+    """When its proof started (Unix time): proofs side by side (``--parallel``) overlap."""
     compile_seconds: float | None = None
     """Of :attr:`prove_seconds`, the compiles (the sum over the proof's compiles, which may overlap)."""
     timing_seconds: float | None = None

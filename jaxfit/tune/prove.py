@@ -3,6 +3,8 @@ proofs of the micro-batches to measure (largest first, or ranked on untuned prog
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -230,6 +232,7 @@ def _prove_row(
     if inline:
         options = dataclasses.replace(options, time_steps=(tune.warmup, tune.steps), time_give_up=leader.give_up())
     began = time.perf_counter()
+    row.prove_started_at = time.time()
     try:
         fit = _prove(target, setting, micro, accum, largest, options, progress)
     except JaxfitError as err:
@@ -294,23 +297,25 @@ def _prove_descending(
     progress: Progress | None,
     proofs: _Proofs,
     floor: tuple[str, int] | None = None,
+    parallel: int = 1,
 ) -> None:
     """Prove one setting's micro-batches largest first, until ``tune.micro_batches`` of them fit
-    or (inline, not a script) one ran slower than the one above it. ``floor``: ``(twin, micro-batch)``, the
+    or (inline, not a script) one ran slower than the one above it (``parallel`` > 1: that many
+    at once, :func:`_prove_side_by_side`). ``floor``: ``(twin, micro-batch)``, the
     largest micro-batch the setting's twin without remat was proved to fit
     (:func:`jaxfit.tune.space.plain_twin`): this one is proved only above it."""
     largest = searched.largest
     assert largest is not None
+    if parallel > 1:
+        _prove_side_by_side(target, searched, options, tune, leader, progress, proofs, floor, parallel)
+        return
     rows: list[Row] = []
     proven = 0
     for micro in _micro_batches_to_prove(tune, largest):
         if proven >= tune.micro_batches:
             break
         if floor is not None and micro <= floor[1]:
-            why = (
-                f"{floor[0]} fits micro-batch {floor[1]}, and at a micro-batch remat only adds work: "
-                "micro-batches up to it are not tried"
-            )
+            why = _floor_note(floor)
             notify(progress, "note", text=f"tune: {searched.setting.name}: {why}")
             if not rows:  # nothing of this setting can win: one row says so
                 accum = (tune.global_batch or micro) // micro
@@ -333,6 +338,68 @@ def _prove_descending(
             proven += 1
             proofs.fits[(row.setting, row.micro_batch, row.accum_steps)] = fit
     proofs.rows.extend(rows or [_no_divisor_row(target, searched, tune)])
+
+
+def _floor_note(floor: tuple[str, int]) -> str:
+    return (
+        f"{floor[0]} fits micro-batch {floor[1]}, and at a micro-batch remat only adds work: "
+        "micro-batches up to it are not tried"
+    )
+
+
+def _prove_side_by_side(
+    target: Target,
+    searched: _Searched,
+    options: FitOptions,
+    tune: TuneOptions,
+    leader: _Leader,
+    progress: Progress | None,
+    proofs: _Proofs,
+    floor: tuple[str, int] | None,
+    parallel: int,
+) -> None:
+    """:func:`_prove_descending` with ``parallel`` proofs at once (each a probe of the script of its
+    own): the largest ``tune.micro_batches`` micro-batches above ``floor`` start together, and one
+    that does not fit gives way to the next one down, as one at a time. Rows come largest first."""
+    largest = searched.largest
+    assert largest is not None
+    micros = _micro_batches_to_prove(tune, largest)
+    if floor is not None and any(m <= floor[1] for m in micros):
+        notify(progress, "note", text=f"tune: {searched.setting.name}: {_floor_note(floor)}")
+        above = [m for m in micros if m > floor[1]]
+        if not above:
+            accum = (tune.global_batch or micros[0]) // micros[0]
+            proofs.rows.append(
+                _row(target, searched.setting, micros[0], accum, status="cannot win", note=_floor_note(floor))
+            )
+            return
+        micros = above
+    done: dict[int, tuple[Row, FitResult | None]] = {}
+    waiting = list(micros)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        running: dict[concurrent.futures.Future, int] = {}
+
+        def start_more() -> None:
+            fitted = sum(1 for _row_, fit in done.values() if fit is not None)
+            while waiting and len(running) < parallel and fitted + len(running) < tune.micro_batches:
+                micro = waiting.pop(0)
+                context = contextvars.copy_context()
+                future = pool.submit(context.run, _prove_row, target, searched, micro, tune, options, leader, progress)
+                running[future] = micro
+
+        start_more()
+        while running:
+            finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                done[running.pop(future)] = future.result()
+            start_more()
+    for micro in sorted(done, reverse=True):
+        row, fit = done[micro]
+        proofs.rows.append(row)
+        if fit is not None:
+            proofs.fits[(row.setting, row.micro_batch, row.accum_steps)] = fit
+    if not done:
+        proofs.rows.append(_no_divisor_row(target, searched, tune))
 
 
 def _prove_ranked(
