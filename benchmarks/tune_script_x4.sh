@@ -10,6 +10,7 @@
 # The grid's wall time is the sum of its points (what it takes on one card). From the repository
 # root on the GPU machine (tyro and wandb wheels carried in .whl):
 #   OUT=$OUT LIMIT_S=540 bash benchmarks/tune_script_x4.sh
+# SECOND_NAME=tune-parallel SECOND_ARG=--parallel=4: GPU 1 runs the tune with that option instead.
 # Returns $OUT/all.tgz (a device call brings back at most 8 files).
 set -uo pipefail
 FINAL=${OUT:-/tmp/tune-script-x4}
@@ -17,13 +18,15 @@ LIMIT=${LIMIT_S:-540}
 OUT=/tmp/tune-script-x4-sides
 . "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt, bench_side
 mkdir -p "$FINAL"
+SECOND_NAME=${SECOND_NAME:-tune-apart}
+SECOND_ARG=${SECOND_ARG:---no-one-process}
 BENCH_COMMON=(run --script-config gpt_small --global-batch 64 --fraction 0.0706 --precision bfloat16)
 bench_side 0 tune --remat none,full --skip-grid --tune-arg=--measure=process &
-bench_side 1 tune-apart --remat none,full --skip-grid --tune-arg=--measure=process --tune-arg=--no-one-process &
+bench_side 1 "$SECOND_NAME" --remat none,full --skip-grid --tune-arg=--measure=process --tune-arg="$SECOND_ARG" &
 bench_side 2 grid-none --remat none --skip-tune &
 bench_side 3 grid-full --remat full --skip-tune &
 wait
-for side in tune tune-apart; do
+for side in tune "$SECOND_NAME"; do
   [ -f "$OUT/$side/raw.jsonl" ] && python3 benchmarks/bench_tune.py tune "$OUT/$side"
 done
 compgen -G "$OUT/grid-*" >/dev/null && python3 benchmarks/bench_tune.py grid "$OUT"/grid-*
