@@ -94,3 +94,20 @@ def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli)
     assert all(r["measured_together"] == 2 and r["measured_in"] == "process" for r in rows), rows
     assert rows[0]["step_seconds"] != rows[1]["step_seconds"]
     assert "in one process" in " ".join(proc.stderr.split())  # the progress, wrapped
+
+
+def test_parallel_probes_that_cannot_start_side_by_side_are_searched_again_alone(tmp_path, run_cli):
+    """--parallel 2 over a script that refuses to start beside itself (a lock, as openpi refuses its
+    own checkpoint folder): one setting's search fails beside the other's and is searched again
+    alone; both settings are measured, nothing is called out of memory."""
+    shaped = str(FIXTURES / "shaped_train.py")
+    proc = run_cli(
+        "tune", "--script", "--axis=--input-seconds=0,0.01", "--max-batch", "8", *SMALL, "--warmup", "1",
+        "--steps", "2", "--batch-flag", "--bs", "--parallel", "2", "--no-cache", "--json", "t.json",
+        "--", sys.executable, shaped, "--steps", "30", "--startup-seconds", "1", "--exclusive", str(tmp_path / "lock"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = " ".join(proc.stderr.split())
+    assert "its search failed beside the others" in said and "searched again alone" in said, said[-3000:]
+    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert sorted(r["status"] for r in rows) == ["measured", "measured"], rows

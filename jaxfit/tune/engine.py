@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jaxfit.errors import JaxfitError
 from jaxfit.fit import FitOptions
 from jaxfit.fit.batch import shared_compile_process
 from jaxfit.fit.budget import format_bytes
@@ -336,6 +337,7 @@ def _search_side_by_side(
     whole global batch was searched for nothing, side by side with the others."""
     if parallel <= 1 or len(settings) < 2:
         return {}
+    found: dict[str, _Searched] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = {
             s.name: pool.submit(
@@ -343,7 +345,17 @@ def _search_side_by_side(
             )
             for s in settings
         }
-        return {name: future.result() for name, future in futures.items()}
+        for name, future in futures.items():
+            try:
+                found[name] = future.result()
+            except JaxfitError as err:  # e.g. two probes' start-ups on one output folder: alone later
+                notify(
+                    progress,
+                    "note",
+                    text=f"tune: {name}: its search failed beside the others ({str(err).splitlines()[0][:160]}); "
+                    "it is searched again alone",
+                )
+    return found
 
 
 def _measure_fresh(

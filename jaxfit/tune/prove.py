@@ -220,10 +220,12 @@ def _prove_row(
     options: FitOptions,
     leader: _Leader,
     progress: Progress | None,
+    beside_others: bool = False,
 ) -> tuple[Row, FitResult | None]:
     """Prove ``searched.setting`` at ``micro`` accumulated to the global batch (and, inline, time
     it where it was compiled, dropped early when clearly slower than the ``leader``): its row, and
-    its fit when it fits."""
+    its fit when it fits. ``beside_others`` (a proof side by side with others): a probe that fails
+    for another reason than not fitting raises, so that it is proved again alone."""
     setting, largest = searched.setting, searched.largest
     assert largest is not None
     inline = tune.measure == "inline"
@@ -236,6 +238,8 @@ def _prove_row(
     try:
         fit = _prove(target, setting, micro, accum, largest, options, progress)
     except JaxfitError as err:
+        if beside_others and not isinstance(err, DoesNotFitError):
+            raise
         row.status = "does not fit"
         if isinstance(err, DoesNotFitError):  # "not even batch G fits": G is the global batch, accumulated
             row.note = err.what.replace(f"not even batch {micro * accum} fits", f"{micro} x {accum} does not fit", 1)
@@ -375,24 +379,40 @@ def _prove_side_by_side(
             return
         micros = above
     done: dict[int, tuple[Row, FitResult | None]] = {}
+    again: list[int] = []
     waiting = list(micros)
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
         running: dict[concurrent.futures.Future, int] = {}
 
         def start_more() -> None:
             fitted = sum(1 for _row_, fit in done.values() if fit is not None)
-            while waiting and len(running) < parallel and fitted + len(running) < tune.micro_batches:
+            while waiting and len(running) < parallel and fitted + len(running) + len(again) < tune.micro_batches:
                 micro = waiting.pop(0)
                 context = contextvars.copy_context()
-                future = pool.submit(context.run, _prove_row, target, searched, micro, tune, options, leader, progress)
+                future = pool.submit(
+                    context.run, _prove_row, target, searched, micro, tune, options, leader, progress, True
+                )
                 running[future] = micro
 
         start_more()
         while running:
             finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in finished:
-                done[running.pop(future)] = future.result()
+                micro = running.pop(future)
+                try:
+                    done[micro] = future.result()
+                except JaxfitError as err:  # e.g. two probes' start-ups on one output folder
+                    again.append(micro)
+                    notify(
+                        progress,
+                        "note",
+                        text=f"tune: {searched.setting.name} at {micro} x {(tune.global_batch or micro) // micro}: its "
+                        "probe failed beside the others "
+                        f"({str(err).splitlines()[0][:160]}); it is proved again alone",
+                    )
             start_more()
+    for micro in again:  # alone, as --parallel 1 proves
+        done[micro] = _prove_row(target, searched, micro, tune, options, leader, progress)
     for micro in sorted(done, reverse=True):
         row, fit = done[micro]
         proofs.rows.append(row)
