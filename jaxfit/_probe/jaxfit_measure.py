@@ -221,7 +221,7 @@ class MeasuredStep:
         """Keep the times of the program just timed (the report is written, so a later program that
         ends the process leaves them)."""
         self._programs.append(self._result(stopped_early))
-        self._write_report(bool(self._programs[0]["stopped_early"]))
+        self._write_report()
 
     def _best_seconds(self) -> "Optional[float]":
         whole = [
@@ -237,14 +237,14 @@ class MeasuredStep:
         if self._until is not None and self._more and time.time() > self._until:
             self._programs += [{"pin": path, "error": BUDGET_SPENT} for path in self._more]
             self._more = []
-            self._write_report(bool(self._programs[0]["stopped_early"]))
+            self._write_report()
         while self._more:
             path = self._more.pop(0)
             load = getattr(self._step, "load_other", None)
             error = "the step runs no pinned program" if load is None else load(path)
             if error:
                 self._programs.append({"pin": path, "error": error})
-                self._write_report(bool(self._programs[0]["stopped_early"]))
+                self._write_report()
                 print("jaxfit: not timed: %s (%s)" % (path, error), file=sys.stderr, flush=True)
                 continue
             self._pin_path = path
@@ -286,7 +286,9 @@ class MeasuredStep:
         sys.stdout.flush()
         os._exit(0)
 
-    def _write_report(self, stopped_early: bool) -> None:
+    def _write_report(self, stopped_early: bool = False) -> None:
+        """Write what was timed so far (with several programs, ``stopped_early`` and the top-level
+        times are the first program's, whatever is passed)."""
         first = self._programs[0] if self._programs else self._result(stopped_early)
         report: Dict[str, Any] = {
             "stopped_early": stopped_early,

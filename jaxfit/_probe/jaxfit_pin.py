@@ -156,18 +156,28 @@ def _stop_if_the_pool_is_short(pin: Dict[str, Any], record: Any) -> None:
     pasted line run on another GPU, or with its fraction edited, would do the same."""
     import jaxfit_cap
 
-    try:
-        why = jaxfit_cap.short_of(
-            int(pin["peak_bytes"]),
-            pin.get("limit_bytes") or pin.get("budget_bytes"),
-            int(pin.get("next_input_bytes") or 0),
-        )
-    except Exception:  # never break the training over the check
-        return
+    why = _pool_shortage(pin)
     if why is None:
         return
     record(pinned=False, peak=int(pin["peak_bytes"]), reason=why, stopped=True)
     jaxfit_cap.stop(why, " instead of running out of memory in it: run it with that fraction (jaxfit run sets it)")
+
+
+def _pool_shortage(pin: Dict[str, Any]) -> Optional[str]:
+    """Why this process's GPU pool cannot hold the proven program of ``pin`` and the loop's next
+    batch (:func:`jaxfit_cap.short_of`), or None (also when the check itself fails: it never
+    breaks the training)."""
+    _importable()
+    import jaxfit_cap
+
+    try:
+        return jaxfit_cap.short_of(
+            int(pin["peak_bytes"]),
+            pin.get("limit_bytes") or pin.get("budget_bytes"),
+            int(pin.get("next_input_bytes") or 0),
+        )
+    except Exception:
+        return None
 
 
 class PinnedStep:
@@ -257,33 +267,10 @@ class PinnedStep:
                 reason = _mismatch(pin, str(pin.get("fingerprint")))
                 if reason is not None:
                     return reason
-                with open(
-                    os.path.join(os.path.dirname(os.path.abspath(pin_path)), pin.get("executable", "executable.bin")),
-                    "rb",
-                ) as f:
-                    payload = f.read()
-                _check_whole(pin, payload)
-                _importable()
-                import jaxfit_cap
-                import jaxfit_compile_server as server_mod
-                from jax.experimental import serialize_executable
-
-                short = jaxfit_cap.short_of(
-                    int(pin["peak_bytes"]),
-                    pin.get("limit_bytes") or pin.get("budget_bytes"),
-                    int(pin.get("next_input_bytes") or 0),
-                )
+                short = _pool_shortage(pin)
                 if short is not None:
                     return short
-                devices = _execution_devices(pin)
-                lowered = self._lowered
-                with server_mod.runtime_typechecks_off():
-                    if devices is None:
-                        compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
-                    else:
-                        compiled = serialize_executable.deserialize_and_load(
-                            payload, lowered.in_tree, lowered.out_tree, execution_devices=devices
-                        )
+                compiled = _load_executable(pin, pin_path, self._lowered)
                 if interface(compiled) != interface(current[1]):
                     return "it takes other arguments or gives other outputs than the program running here"
             except Exception as e:  # a foreign or damaged pin: say so, keep the running program
@@ -341,20 +328,7 @@ class PinnedStep:
             reason = _mismatch(pin, server_mod.program_fingerprint(lowered))
         if pin is not None and reason is None:
             try:
-                from jax.experimental import serialize_executable
-
-                folder = os.path.dirname(os.path.abspath(self._pin_path))
-                with open(os.path.join(folder, pin.get("executable", "executable.bin")), "rb") as f:
-                    payload = f.read()
-                _check_whole(pin, payload)
-                devices = _execution_devices(pin)
-                with server_mod.runtime_typechecks_off():  # it rebuilds the argument pytrees too
-                    if devices is None:
-                        compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
-                    else:
-                        compiled = serialize_executable.deserialize_and_load(
-                            payload, lowered.in_tree, lowered.out_tree, execution_devices=devices
-                        )
+                compiled = _load_executable(pin, self._pin_path, lowered)
             except Exception as e:  # a truncated or foreign file: compile as usual, checked
                 reason = "the pinned executable could not be loaded (%s: %s)" % (type(e).__name__, _first_line(e))
             else:
@@ -429,6 +403,26 @@ class PinnedStep:
                 "pin": self._pin_path,
                 "shapes": self._decisions,
             },
+        )
+
+
+def _load_executable(pin: Dict[str, Any], pin_path: str, lowered: Any) -> Any:
+    """The executable of ``pin`` (beside ``pin_path``), whole, loaded on its devices with the
+    argument and output trees of ``lowered`` (raises when it is missing, changed or foreign)."""
+    _importable()
+    import jaxfit_compile_server as server_mod
+    from jax.experimental import serialize_executable
+
+    folder = os.path.dirname(os.path.abspath(pin_path))
+    with open(os.path.join(folder, pin.get("executable", "executable.bin")), "rb") as f:
+        payload = f.read()
+    _check_whole(pin, payload)
+    devices = _execution_devices(pin)
+    with server_mod.runtime_typechecks_off():  # it rebuilds the argument pytrees too
+        if devices is None:
+            return serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
+        return serialize_executable.deserialize_and_load(
+            payload, lowered.in_tree, lowered.out_tree, execution_devices=devices
         )
 
 

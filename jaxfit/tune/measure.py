@@ -72,15 +72,35 @@ def _measure(
         hit = cache.get(key)
         if hit is not None:
             return dict(hit, cached=True)
+    measured = _measure_in_a_folder(target, fit, tune, command, give_up, row.global_batch)
+    _keep_whole(cache, key, measured)
+    return dict(measured, cached=False)
+
+
+def _keep_whole(cache: JsonStore | None, key: str | None, measured: Mapping[str, Any]) -> None:
+    """Cache a whole measurement (its steps timed, not stopped early) under ``key``."""
+    if cache is not None and key is not None and measured.get("step_seconds") and not measured.get("stopped_early"):
+        cache.put(key, {k: v for k, v in measured.items() if k != "cached"})
+
+
+def _measure_in_a_folder(
+    target: Target,
+    fit: FitResult,
+    tune: TuneOptions,
+    command: list[str],
+    give_up: tuple[int, float] | None,
+    global_batch: int,
+    more: Sequence[str] = (),
+    deadline: float | None = None,
+) -> dict[str, Any]:
+    """:func:`_measure_in` in a temporary folder of its own, removed after it (the log, the
+    reports: read by then, kept by no one); ``give_up`` per sample, as :meth:`_Leader.give_up`."""
     folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
     try:
-        per_step = (give_up[0], give_up[1] * row.global_batch) if give_up else None
-        measured = _measure_in(folder, target, fit, tune, command, per_step)
-    finally:  # the log, the reports: read by now, kept by no one
+        per_step = (give_up[0], give_up[1] * global_batch) if give_up else None
+        return _measure_in(folder, target, fit, tune, command, per_step, more, deadline)
+    finally:
         shutil.rmtree(folder, ignore_errors=True)
-    if cache is not None and key is not None and "step_seconds" in measured and not measured.get("stopped_early"):
-        cache.put(key, measured)
-    return dict(measured, cached=False)
 
 
 def _measure_together(
@@ -113,12 +133,9 @@ def _measure_together(
         first = rows[todo[0]]
         command = target.command(setting, first.micro_batch, first.accum_steps, measuring=True)
         more = [str(fits[i].pin["path"]) for i in todo[1:]]  # type: ignore[index]
-        folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
-        try:
-            per_step = (give_up[0], give_up[1] * first.global_batch) if give_up else None
-            measured = _measure_in(folder, target, fits[todo[0]], tune, command, per_step, more, deadline)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        measured = _measure_in_a_folder(
+            target, fits[todo[0]], tune, command, give_up, first.global_batch, more, deadline
+        )
         programs = list(measured.get("programs") or [])
         by_pin = {str(p.get("pin")): p for p in programs[1:]}
         for n, i in enumerate(todo):
@@ -139,10 +156,9 @@ def _measure_together(
                     "together": len(todo),
                     "cached": False,
                 }
-            done, key = results[i], keys[i]
-            whole = bool(done and done.get("step_seconds") and not done.get("stopped_early"))
-            if whole and done and cache is not None and key is not None:
-                cache.put(key, {k: v for k, v in done.items() if k != "cached"})
+            done = results[i]
+            if done is not None:
+                _keep_whole(cache, keys[i], done)
     for i, row in enumerate(rows):  # alone: not pinned, not reached, or another interface
         if results[i] is None:
             spent = deadline is not None and time.time() > deadline
