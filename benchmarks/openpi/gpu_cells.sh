@@ -6,6 +6,8 @@
 #                 (--min-batch,30,--max-batch,80) or `-` for none
 #            run: gpu_run.sh; ARG is BATCH or LO-HI (the fit's window, then 3 pinned steps and the
 #                 plain run of the next batch up)
+#            up:  gpu_run.sh PLAIN_ONLY=1; ARG is the BATCH of a plain run alone (an answer's next
+#                 batch up whose answer ran in an earlier call)
 # e.g. bash benchmarks/openpi/gpu_cells.sh "0 run pi0_fast_libero 80GiB 41" "1 fit pi0_libero 32GiB -"
 # Each cell has its own wheels folder, patched copy, working folder, checkpoint folder and jaxfit
 # cache (nothing shared but the host's CPUs). Every cell ends by BUDGET_S (540 s) + 20 s; the logs,
@@ -40,12 +42,13 @@ for spec in "$@"; do
       "${common[@]}" JAXFIT_ARGS="$jargs" bash "$REPO/benchmarks/openpi/gpu_fit.sh" "$config" "$card" $rest \
         >"$CELLS/$tag.stdout" 2>&1 &
       ;;
-    run)
+    run | up)
+      plain=""; [ "$mode" = up ] && plain=1
       # shellcheck disable=SC2086
-      "${common[@]}" TAG="$tag" bash "$REPO/benchmarks/openpi/gpu_run.sh" "$config" "$card" "$arg" $rest \
+      "${common[@]}" TAG="$tag" PLAIN_ONLY="$plain" bash "$REPO/benchmarks/openpi/gpu_run.sh" "$config" "$card" "$arg" $rest \
         >"$CELLS/$tag.stdout" 2>&1 &
       ;;
-    *) echo "gpu_cells: unknown mode '$mode' in '$spec' (fit or run)"; exit 2 ;;
+    *) echo "gpu_cells: unknown mode '$mode' in '$spec' (fit, run or up)"; exit 2 ;;
   esac
   pids+=($!)
   echo "== $(date -u +%T) gpu_cells: started $tag ($mode $arg $rest) as $!"

@@ -12,6 +12,7 @@
 #    MULTIPLE (1) is --multiple-of (the device count under FSDP), GPUS (unset) is run's --gpus N;
 # 3. jaxfit run --batch-size ANSWER+MULTIPLE --mem-fraction $FRACTION --device-memory CARD (nothing
 #    fitted, nothing pinned: the plain run of the next batch up); JSON: $OUT/CONFIG-CARD-up.json;
+#    PLAIN_ONLY=1: step 3 alone, at BATCH (the next batch up of an answer run in an earlier call);
 # nvidia-smi samples each GPU's used memory every second into $OUT/CONFIG-CARD-smi.csv throughout.
 set -uo pipefail
 CONFIG=${1:?usage: gpu_run.sh CONFIG CARD BATCH [train.py flags]}
@@ -45,17 +46,21 @@ mkdir -p "$WORK" && cd "$WORK" || exit 2
 openpi=(python3 "$REPO/benchmarks/openpi/train_fake.py" "$CONFIG" --checkpoint-base-dir="${CKPT_DIR:-/tmp/openpi-ckpt}"
   --no-wandb-enabled --num-train-steps="$STEPS" --overwrite "$@")
 
-LEFT=$((BUDGET_S - ($(date +%s) - START)))
-echo "== $(date -u +%T) jaxfit run: fit $LO..$HI then run $STEPS steps ($CONFIG, card $CARD, fraction $FRACTION; ${LEFT} s left)"
-timeout --signal=TERM --kill-after=20 "$LEFT" \
-  python3 -m jaxfit.cli run --mem-fraction "$FRACTION" --device-memory "$CARD" --min-batch "$LO" --max-batch "$HI" \
-  --multiple-of "$MULTIPLE" "${GPU_ARGS[@]}" --probe-timeout "$LEFT" --json "$OUT/$TAG-run.json" \
-  --probe-arg=--checkpoint-base-dir=/tmp/openpi-probe-ckpt -- "${openpi[@]}" --exp-name=run
-RC=$?
-echo "== $(date -u +%T) fitted run: exit $RC after $(($(date +%s) - START)) s"
+if [ -n "${PLAIN_ONLY:-}" ]; then
+  ANSWER=$((BATCH - MULTIPLE)) RC=0
+else
+  LEFT=$((BUDGET_S - ($(date +%s) - START)))
+  echo "== $(date -u +%T) jaxfit run: fit $LO..$HI then run $STEPS steps ($CONFIG, card $CARD, fraction $FRACTION; ${LEFT} s left)"
+  timeout --signal=TERM --kill-after=20 "$LEFT" \
+    python3 -m jaxfit.cli run --mem-fraction "$FRACTION" --device-memory "$CARD" --min-batch "$LO" --max-batch "$HI" \
+    --multiple-of "$MULTIPLE" "${GPU_ARGS[@]}" --probe-timeout "$LEFT" --json "$OUT/$TAG-run.json" \
+    --probe-arg=--checkpoint-base-dir=/tmp/openpi-probe-ckpt -- "${openpi[@]}" --exp-name=run
+  RC=$?
+  echo "== $(date -u +%T) fitted run: exit $RC after $(($(date +%s) - START)) s"
 
-ANSWER=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["batch_size"] or "")' "$OUT/$TAG-run.json" 2>/dev/null)
-if [ -z "$ANSWER" ]; then echo "== no fitted answer in $TAG-run.json: no next batch up to run"; exit "$RC"; fi
+  ANSWER=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["batch_size"] or "")' "$OUT/$TAG-run.json" 2>/dev/null)
+  if [ -z "$ANSWER" ]; then echo "== no fitted answer in $TAG-run.json: no next batch up to run"; exit "$RC"; fi
+fi
 UP=$((ANSWER + MULTIPLE))
 LEFT=$((BUDGET_S - ($(date +%s) - START)))
 if [ "$LEFT" -lt 60 ]; then echo "== only ${LEFT} s left of BUDGET_S: the next batch up ($UP) is not run"; exit "$RC"; fi
