@@ -211,13 +211,24 @@ def test_gpu_flow_searches_untuned_and_proves_on_tuned_compiles(monkeypatch):
     assert untuned.batch_size == answer and not any(c.autotuned for c in untuned.candidates)
 
 
+_answers: dict[jaxfit.FitOptions, int] = {}
+
+
+def _emulated_answer(options: jaxfit.FitOptions) -> int:
+    """mlp-tiny's answer under ``options`` on the emulated GPU of the caller's environment, fitted
+    once for the tests that ask about the window around it."""
+    if options not in _answers:
+        _answers[options] = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options).batch_size
+    return _answers[options]
+
+
 def test_gpu_flow_proves_a_window_of_two_batches_in_one_tuned_round(monkeypatch):
     """A window no untuned round could narrow (a pinned run's answer and the batch above it, tune's
     exact accumulated batches) is compiled as it will run at once: one round, both autotuned (an
     H200 spent three rounds on 51..52 of openpi's pi0: untuned, then 52 tuned, then 51 tuned)."""
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
     options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
-    answer = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options).batch_size
+    answer = _emulated_answer(options)
     events: list[tuple[str, dict]] = []
     window = dataclasses.replace(options, min_batch=answer, max_batch=answer + 1)
     result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), window, progress=lambda e, d: events.append((e, d)))
@@ -369,3 +380,31 @@ def test_a_scripts_probe_that_will_time_what_it_proves_holds_its_whole_pool(prea
     with batch_mod.shared_compile_process(preallocate=preallocate):
         jaxfit.fit_batch(source, options)
     assert record.read_text().split() == ["true" if preallocate else "false"]
+
+
+def test_gpu_flow_compiles_again_alone_a_batch_that_ran_out_of_memory_beside_another(monkeypatch):
+    """An H200 compiled openpi's pi0-FAST at 133 and 134 autotuned in one round; 134 ran out of
+    memory while autotuning (its untuned peak did not), and the training process's own compile of
+    134 then ran 3 steps. A batch that runs out of memory while compiling beside another is
+    compiled again alone before it counts as not fitting (the GPU's shared autotuning scratch is
+    emulated: an autotuned compile with a smaller batch beside it fails as XLA's out of memory)."""
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
+    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
+    answer = _emulated_answer(options)
+    monkeypatch.setenv("JAXFIT_EMULATE_CROWDED_COMPILE_OOM", "1")
+    events: list[tuple[str, dict]] = []
+    window = dataclasses.replace(options, min_batch=answer - 1, max_batch=answer)
+    result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), window, progress=lambda e, d: events.append((e, d)))
+    rounds = [d["batches"] for e, d in events if e == "round"]
+    assert rounds == [[answer - 1, answer]]  # one tuned round of both, then `answer` alone
+    assert [d["batch"] for e, d in events if e == "alone"] == [answer]
+    assert result.batch_size == answer and result.compiles == 3
+    crowded = [c for c in result.candidates if c.batch_size == answer]
+    assert len(crowded) == 2 and sorted(c.fits for c in crowded) == [False, True]
+
+    # a batch over the budget still does not fit when compiled alone, and the answer stays below it
+    above = dataclasses.replace(options, min_batch=answer, max_batch=answer + 1)
+    events.clear()
+    result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), above, progress=lambda e, d: events.append((e, d)))
+    assert [d["batch"] for e, d in events if e == "alone"] == [answer + 1]
+    assert result.batch_size == answer

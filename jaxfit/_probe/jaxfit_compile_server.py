@@ -50,6 +50,12 @@ EMULATE_GPU_ENV = "JAXFIT_EMULATE_GPU_TOTAL"
 """Tests only: on a CPU, behave as a GPU of this many bytes (a ``bytes_limit`` of the fraction of it,
 ``limit_sensitive``), so that the GPU flow of a fit (untuned search, autotuned proof) runs on real
 CPU compiles. The CPU compiler ignores both the limit and the autotuning level."""
+EMULATE_CROWDED_OOM_ENV = "JAXFIT_EMULATE_CROWDED_COMPILE_OOM"
+"""Tests only: an autotuned compile that had a smaller batch's compile beside it, at any time,
+fails as XLA's out of memory does. What it stands for was seen on an H200: openpi's pi0-FAST at 134
+ran out of memory while autotuning beside 133 in one round, and the training process's own
+compile of 134 ran 3 steps (benchmarks/README.md section 34); the fit now compiles such a batch
+again alone (:class:`jaxfit.fit.batch._Rounds`)."""
 TUNED_LEVEL = os.environ.get("JAXFIT_AUTOTUNE_LEVEL")
 """Experimental: the ``xla_gpu_autotune_level`` of autotuned compiles (unset: XLA's default, 4, as
 the training run itself uses). Levels 1-3 skip buffer re-initialisation and result checking; the
@@ -523,10 +529,12 @@ class Server:
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
-    def compile_one(self, batch: int, autotune: bool, keep_untuned: bool = False) -> Dict[str, Any]:
+    def compile_one(
+        self, batch: int, autotune: bool, keep_untuned: bool = False, beside: "Sequence[int]" = ()
+    ) -> Dict[str, Any]:
         """Lower and compile at ``batch``; never raises (errors are answers). ``keep_untuned``: an
         untuned compile is made (never answered from the cache) and its program kept to be timed
-        (``time_step(..., untuned=True)``)."""
+        (``time_step(..., untuned=True)``). ``beside``: the batches compiled at the same time."""
         start = time.perf_counter()
         try:
             with self._lower_lock, runtime_typechecks_off():
@@ -543,7 +551,7 @@ class Server:
             memory = self.cache.get(key) if self.cache is not None and not keep else None
             cached = memory is not None
             if memory is None:
-                compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+                compiled = self._compile(batch, lowered, options, beside)
                 memory = memory_of(compiled)
                 if not options:  # the program as training compiles it: keep it for ``pin``
                     self._keep(batch, fingerprint, compiled, memory)
@@ -581,6 +589,16 @@ class Server:
                 "traceback": traceback.format_exc(limit=8),
                 "compile_s": time.perf_counter() - start,
             }
+
+    def _compile(self, batch: int, lowered: Any, options: Dict[str, Any], beside: "Sequence[int]") -> Any:
+        """``lowered`` compiled with ``options``; ``beside``: the batches compiled at the same time
+        (for :data:`EMULATE_CROWDED_OOM_ENV`)."""
+        if not options and os.environ.get(EMULATE_CROWDED_OOM_ENV) and any(b < batch for b in beside):
+            raise RuntimeError(
+                "RESOURCE_EXHAUSTED: Out of memory while autotuning beside the compile of batch %d "
+                "(emulated: $%s)" % (min(beside), EMULATE_CROWDED_OOM_ENV)
+            )
+        return lowered.compile(compiler_options=options) if options else lowered.compile()
 
     def _keep(self, batch: int, fingerprint: str, compiled: Any, memory: Dict[str, Any]) -> None:
         with self._kept_lock:
@@ -646,7 +664,10 @@ class Server:
         autotune = bool(request.get("autotune", True))
         keep = bool(request.get("keep_untuned"))
         with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
-            futures = [pool.submit(self.compile_one, b, autotune, keep) for b in batches]
+            futures = [
+                pool.submit(self.compile_one, b, autotune, keep, [x for x in batches if x != b] if threads > 1 else [])
+                for b in batches
+            ]
             for future in concurrent.futures.as_completed(futures):
                 self.send(dict(op="result", id=request.get("id"), **future.result()))
         self.send({"op": "done", "id": request.get("id")})

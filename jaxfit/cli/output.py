@@ -156,6 +156,10 @@ class ProgressPrinter:
             )
             tuned = " (autotuned)" if data.get("autotune") else ""
             c.print(f"[dim]round {data['round']}: compiling {what}{tuned}[/]")
+        elif event == "alone":
+            c.print(
+                f"[dim]  batch {data['batch']}: compiling it again alone (autotuning beside another can run out)[/]"
+            )
         elif event == "compiled":
             o = data["outcome"]
             where = f" @ {data['fraction']:.2f}" if "fraction" in data else ""
