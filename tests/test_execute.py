@@ -243,7 +243,9 @@ def test_sigkill_of_the_scheduler_then_resume_reruns_nothing_finished(tmp_path, 
 
 
 def test_sigterm_stops_runs_gracefully_and_resume_finishes_them(tmp_path):
-    _queue(tmp_path, [_fake("slow", "--sleep=30"), _fake("other", "--sleep=30")])
+    # 30 s on the first start (SIGTERM comes long before), 0.5 s on the resumed one
+    experiments = [_fake(n, "--sleep=30", "--later-sleep=0.5") for n in ("slow", "other")]
+    _queue(tmp_path, experiments)
     scheduler = _start_scheduler(tmp_path, *LOGICAL)
     _wait_for(lambda: set(_states(tmp_path).values()) == {"running"} and len(_records(tmp_path)) == 2)
     scheduler.send_signal(signal.SIGTERM)
@@ -257,9 +259,9 @@ def test_sigterm_stops_runs_gracefully_and_resume_finishes_them(tmp_path):
         with pytest.raises(ProcessLookupError):
             os.kill(runs[0]["pid"], 0)  # no child left behind
 
-    _queue(tmp_path, [_fake("slow", "--sleep=30"), _fake("other", "--sleep=30")])  # the stored plan wins
+    _queue(tmp_path, experiments)  # the stored plan wins
     proc = _schedule(tmp_path, "--resume", "--json", "result.json", "--quiet", timeout=120)
-    # The stored commands sleep 30 s again: the resumed attempts are the second ones.
+    # The stored commands run again (0.5 s, as started a second time): the resumed attempts are the second ones.
     assert proc.returncode == 0, proc.stderr
     assert {n: r["attempts"] for n, r in _result(tmp_path).items()} == {"slow": 2, "other": 2}
 
@@ -410,9 +412,10 @@ def test_a_queues_env_values_stay_out_of_the_state_and_the_json(tmp_path):
 
 
 def test_resume_takes_env_values_from_the_queue_file(tmp_path):
-    _queue(tmp_path, [_fake("slow", "--sleep=30", env={"EXTRA": "from-the-file"})])
+    # 30 s on the first start (SIGTERM comes long before); the resumed start runs the stored command, 0.5 s
+    _queue(tmp_path, [_fake("slow", "--sleep=30", "--later-sleep=0.5", env={"EXTRA": "from-the-file"})])
     scheduler = _start_scheduler(tmp_path, *LOGICAL)
-    _wait_for(lambda: _states(tmp_path).get("slow") == "running")
+    _wait_for(lambda: _states(tmp_path).get("slow") == "running" and "slow" in _records(tmp_path))
     scheduler.send_signal(signal.SIGTERM)
     scheduler.communicate(timeout=60)
     _queue(tmp_path, [_fake("slow", "--sleep=0", env={})])  # the file no longer gives the value

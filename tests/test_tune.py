@@ -13,6 +13,9 @@ pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 TRAIN = str(REPO / "scripts" / "train.py")
 TINY = ["--device-memory", "1GiB", "--mem-fraction", "0.3", "--warmup", "1", "--steps", "2"]
+SMALL_GPT = {"n_layers": "1", "vocab_size": "256"}
+"""gpt-tiny of one layer and a vocabulary of 256 (its own is 8192): for tests where the model's size
+is not the point, the same programs (remat, accumulation) compiled and timed in less time."""
 
 
 def _result(tmp_path, name="t.json") -> dict:
@@ -272,7 +275,9 @@ def test_inline_measurement_ranks_as_fresh_processes_do():
     per candidate. On two settings far apart (one layer against four: four times the work), it ranks
     them as fresh training processes do, with step times of the same order. (float32 against
     bfloat16 was not far apart: on jax 0.10.2's CPU they came within 25 % and swapped places
-    between runs.)"""
+    between runs.) A vocabulary of 256 (gpt-tiny's is 8192) keeps the output layer from evening
+    out the layers' work: at batch 2 the two steps are about 4x apart (2x at batch 16 with the
+    whole vocabulary, which took more than twice as long to tune)."""
     from jaxfit.fit import FitOptions
     from jaxfit.fit.sources import example_source
     from jaxfit.tune import Setting, Target, TuneOptions, tune
@@ -281,10 +286,10 @@ def test_inline_measurement_ranks_as_fresh_processes_do():
     results = {}
     for mode in ("inline", "process"):
         results[mode] = tune(
-            Target(example=example_source("gpt-tiny")),
+            Target(example=example_source("gpt-tiny", {"vocab_size": "256"})),
             settings,
-            FitOptions(mem_fraction=0.3, device_memory_bytes=4 << 30, max_batch=16, use_cache=False),
-            TuneOptions(global_batch=16, warmup=1, steps=3, micro_batches=1, measure=mode, drop_margin=None),
+            FitOptions(mem_fraction=0.3, device_memory_bytes=4 << 30, max_batch=2, use_cache=False),
+            TuneOptions(global_batch=2, warmup=1, steps=3, micro_batches=1, measure=mode, drop_margin=None),
         )
     inline, process = results["inline"], results["process"]
     assert inline.best is not None and process.best is not None
@@ -374,17 +379,18 @@ def test_a_candidate_clearly_slower_than_the_best_is_dropped_after_a_short_look(
 
 def test_inline_measurement_drops_a_setting_made_slow_on_purpose():
     """--measure inline: the compile process that proves a program times it, and stops timing one
-    that is clearly slower (eight layers against one) after a quarter of the steps."""
+    that is clearly slower (eight layers against one) after a quarter of the steps. (A vocabulary
+    of 256, not gpt-tiny's 8192, at batch 2: the layers are most of the work, about 8x apart.)"""
     from jaxfit.fit import FitOptions
     from jaxfit.fit.sources import example_source
     from jaxfit.tune import Setting, Target, TuneOptions, tune
 
     fast, slow = Setting("one layer", (("n_layers", "1"),)), Setting("eight layers", (("n_layers", "8"),))
     result = tune(
-        Target(example=example_source("gpt-tiny")),
+        Target(example=example_source("gpt-tiny", {"vocab_size": "256"})),
         [fast, slow],
-        FitOptions(mem_fraction=0.3, device_memory_bytes=4 << 30, max_batch=8),
-        TuneOptions(global_batch=8, warmup=1, steps=8, micro_batches=1, measure="inline"),
+        FitOptions(mem_fraction=0.3, device_memory_bytes=4 << 30, max_batch=2),
+        TuneOptions(global_batch=2, warmup=1, steps=8, micro_batches=1, measure="inline"),
     )
     rows = {r.setting: r for r in result.rows}
     assert rows["one layer"].status == "measured" and rows["one layer"].timed_steps == 8
@@ -419,7 +425,7 @@ def test_a_tune_of_an_example_proves_every_setting_in_one_compile_process(monkey
 
     monkeypatch.setattr(CompileChild, "start", start)
     monkeypatch.setattr(CompileChild, "load", load)
-    target = Target(example=example_source("gpt-tiny", {"n_layers": "1"}))
+    target = Target(example=example_source("gpt-tiny", SMALL_GPT))
     # two remat policies, neither the other's twin without remat: both are proved
     settings = example_settings(["full", "dots"], ["float32"])
     options = FitOptions(mem_fraction=0.3, device_memory_bytes=1 << 30, use_cache=False)
@@ -508,7 +514,7 @@ def test_a_program_the_compile_process_cannot_hold_inline_is_measured_in_a_fresh
 
     monkeypatch.setattr(CompileChild, "time", time_in_child)
     result = tune(
-        Target(example=example_source("gpt-tiny", {"n_layers": "1"})),
+        Target(example=example_source("gpt-tiny", SMALL_GPT)),
         example_settings(["none"], ["float32"]),
         FitOptions(mem_fraction=0.3, device_memory_bytes=1 << 30, use_cache=False),
         TuneOptions(global_batch=8, micro_batches=2, warmup=1, steps=2, measure="inline", drop_margin=None),
@@ -525,7 +531,8 @@ def test_on_a_gpu_micro_batches_are_ranked_untuned_and_a_clearly_slower_setting_
     setting is compiled untuned as its accumulation to the global batch (one stacked workload per
     setting) and run a few steps in the compile process; proofs go fastest first, and a setting
     eight times deeper, far more than --drop-margin below, is left out without one autotuned
-    compile. Its rows say why, with the rate they were ranked by."""
+    compile. Its rows say why, with the rate they were ranked by. (A vocabulary of 256, not
+    gpt-tiny's 8192: the layers are most of the work.)"""
     from jaxfit.fit import FitOptions
     from jaxfit.fit.sources import example_source
     from jaxfit.tune import Setting, Target, TuneOptions, tune
@@ -534,7 +541,7 @@ def test_on_a_gpu_micro_batches_are_ranked_untuned_and_a_clearly_slower_setting_
     events: list = []
     fast, slow = Setting("one layer", (("n_layers", "1"),)), Setting("eight layers", (("n_layers", "8"),))
     result = tune(
-        Target(example=example_source("gpt-tiny")),
+        Target(example=example_source("gpt-tiny", {"vocab_size": "256"})),
         [fast, slow],
         FitOptions(mem_fraction=0.5, use_cache=False),
         TuneOptions(global_batch=4, micro_batches=1, warmup=1, steps=2, rank_untuned=True),
@@ -570,7 +577,7 @@ def test_a_remat_setting_is_not_proved_where_its_twin_without_remat_fits():
 
     settings = example_settings(["full", "none"], ["float32"])
     result = tune(
-        Target(example=example_source("gpt-tiny", {"n_layers": "1"})),
+        Target(example=example_source("gpt-tiny", SMALL_GPT)),
         settings,
         FitOptions(mem_fraction=0.3, device_memory_bytes=1 << 30, use_cache=False),
         TuneOptions(global_batch=8, micro_batches=2, warmup=1, steps=2, measure="inline"),
