@@ -65,9 +65,15 @@ def shared_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_gpu_plan(tmp_path_factory, shared_cache):
+def debug_folder(tmp_path_factory) -> Path:
+    """The temporary folder of the debug queue's dry run (:func:`one_gpu_plan`) and real run."""
+    return tmp_path_factory.mktemp("schedule-one")
+
+
+@pytest.fixture(scope="module")
+def one_gpu_plan(debug_folder, shared_cache):
     """`jaxfit schedule <debug queue> --dry-run --json out.json` run once, from a temporary folder."""
-    cwd = tmp_path_factory.mktemp("schedule-one")
+    cwd = debug_folder
     before = _repo_checkpoints()
     queue = _debug_queue(cwd)
     proc = _cli("schedule", str(queue), "--dry-run", "--json", "out.json", *FAST, cwd=cwd, env=shared_cache)
@@ -161,9 +167,12 @@ def _small_queue(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_the_debug_queue_runs_to_the_end(tmp_path, shared_cache):
-    """configs/queue-debug.yaml for real: probe, plan, run four scripts/train.py runs, all done."""
-    queue = _debug_queue(tmp_path)
+def test_the_debug_queue_runs_to_the_end(debug_folder, shared_cache, one_gpu_plan):
+    """configs/queue-debug.yaml for real, after its dry run in the same folder (:func:`one_gpu_plan`),
+    as a user runs it: the plan the dry run showed, from the answers its probes left in the cache,
+    then four scripts/train.py runs, all done. (A real schedule that probes is
+    test_a_two_gpu_run_next_to_single_gpu_runs.)"""
+    queue = _debug_queue(debug_folder)
     proc = _cli(
         "schedule",
         str(queue),
@@ -172,17 +181,23 @@ def test_the_debug_queue_runs_to_the_end(tmp_path, shared_cache):
         "result.json",
         "--monitor-interval",
         "0.5",
-        f"--probe-arg=--checkpoint-base-dir={tmp_path / 'probe'}",
-        cwd=tmp_path,
+        cwd=debug_folder,
         env={**shared_cache, "WANDB_MODE": "disabled"},
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
-    data = json.loads((tmp_path / "result.json").read_text())
+    data = json.loads((debug_folder / "result.json").read_text())
     rows = {row["name"]: row for row in data["experiments"]}
     assert {name: row["state"] for name, row in rows.items()} == dict.fromkeys(
         ["debug-gpt-auto", "debug-gpt-fixed", "debug-vit-batch", "debug-vit-accum"], "done"
     )
+    planned = {run["name"]: run for run in one_gpu_plan[1]["runs"]}
+    for name, row in rows.items():  # the dry run's plan is what ran
+        assert (row["batch_size"], row["grad_accum_steps"], row["mem_fraction"]) == (
+            planned[name]["batch_size"],
+            planned[name]["grad_accum_steps"],
+            planned[name]["mem_fraction"],
+        ), (row, planned[name])
     assert rows["debug-vit-accum"]["batch_size"] == 32 and rows["debug-vit-accum"]["grad_accum_steps"] == 16
     for row in rows.values():
         log = Path(row["log_path"]).read_text()
