@@ -85,7 +85,7 @@ def test_tune_of_train_py_over_two_axes(tmp_path, run_cli):
         "tune",
         "--script",
         "--global-batch",
-        "16",
+        "2",
         "--micro-batches",
         "1",
         "--axis=--remat=none,full",
@@ -108,12 +108,12 @@ def test_tune_of_train_py_over_two_axes(tmp_path, run_cli):
     measured = [r for r in result["rows"] if r["status"] == "measured"]
     assert {r["setting"] for r in measured} == {f"--remat=none --precision={p}" for p in ("float32", "bfloat16")}
     assert all(r["fits"] for r in measured)
-    # --remat=full: its twin --remat=none fits the whole global batch (16) at once, so neither is searched
+    # --remat=full: its twin --remat=none fits the whole global batch (2) at once, so neither is searched
     cannot = [r for r in result["rows"] if r["status"] == "cannot win"]
     assert {r["setting"] for r in cannot} == {f"--remat=full --precision={p}" for p in ("float32", "bfloat16")}
     assert all("the whole global batch" in r["note"] for r in cannot)
     assert result["best"] == max(measured, key=lambda r: r["samples_per_second"])
-    assert "--batch-size=16" in result["command"] and result["best"]["setting"].split()[0] in result["command"]
+    assert "--batch-size=2" in result["command"] and result["best"]["setting"].split()[0] in result["command"]
     assert not (tmp_path / "ck" / "debug" / "tune").exists() or not any((tmp_path / "ck" / "debug" / "tune").iterdir())
 
 
@@ -207,7 +207,8 @@ def test_sigterm_while_measuring_leaves_no_process_and_no_temporary_folder(tmp_p
 
     marker = f"JAXFIT_TEST_MARKER={tmp_path.name}"
     env = dict(os.environ, JAXFIT_TEST_MARKER=tmp_path.name, TMPDIR=str(tmp_path))
-    command = [sys.executable, "-m", "jaxfit.cli", "tune", "--script", "--global-batch", "8", "--micro-batches", "8"]
+    # one candidate (2 x 1, proved by its search): the measuring starts after one probe, not after four
+    command = [sys.executable, "-m", "jaxfit.cli", "tune", "--script", "--global-batch", "2", "--micro-batches", "1"]
     command += [*TINY, "--", sys.executable, TRAIN, "debug", "--exp-name=tune", "--no-wandb-enabled"]
     command += [f"--checkpoint-base-dir={tmp_path / 'ck'}"]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
