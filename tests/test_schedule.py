@@ -31,9 +31,11 @@ def _absolute(command):
     return [sys.executable if a == "python" else TRAIN if a == "scripts/train.py" else a for a in args]
 
 
-def _debug_queue(folder: Path, name: str = "queue.yaml", **changes) -> Path:
-    """configs/queue-debug.yaml with absolute commands; ``changes`` maps experiment -> keys to set."""
+def _debug_queue(folder: Path, name: str = "queue.yaml", top: dict | None = None, **changes) -> Path:
+    """configs/queue-debug.yaml with absolute commands; ``top``: top-level keys to set; ``changes``
+    maps experiment -> keys to set."""
     data = yaml.safe_load((REPO / "configs" / "queue-debug.yaml").read_text())
+    data.update(top or {})
     for experiment in data["experiments"]:
         experiment["command"] = _absolute(experiment["command"])
         experiment.update(changes.get(experiment["name"], {}))
@@ -129,9 +131,11 @@ def test_dry_run_plans_every_experiment(one_gpu_plan):
     assert "GPU 0:" in proc.stdout and "capacity" in proc.stdout
 
 
-def test_two_logical_gpus_spread_the_runs(tmp_path, shared_cache, one_gpu_plan):
-    # gpt-fixed at 0.6 leaves no room next to it for gpt-auto's share (0.48: 2 runs per GPU)
-    queue = _debug_queue(tmp_path, **{"debug-gpt-fixed": {"fraction": 0.6}})
+def test_two_logical_gpus_spread_the_runs(debug_folder, shared_cache, one_gpu_plan):
+    # gpt-fixed at 0.6 leaves no room next to it for gpt-auto's share (0.46: 2 runs per GPU).
+    # The file says 8 GiB; --device-memory 1GiB overrides it. (1 GiB and the dry run's folder: the
+    # vit runs ask what the dry run asked, and their fits are its answers; gpt-auto's share is new.)
+    queue = _debug_queue(debug_folder, "two.yaml", {"device_memory": "8GiB"}, **{"debug-gpt-fixed": {"fraction": 0.6}})
     before = _repo_checkpoints()
     proc = _cli(
         "schedule",
@@ -140,23 +144,23 @@ def test_two_logical_gpus_spread_the_runs(tmp_path, shared_cache, one_gpu_plan):
         "--gpus",
         "2",
         "--device-memory",
-        "8GiB",
+        "1GiB",
         "--json",
         "two.json",
         *FAST,
-        cwd=tmp_path,
+        cwd=debug_folder,
         env=shared_cache,
     )
     assert proc.returncode == 0, proc.stderr
     assert _repo_checkpoints() == before
-    data = json.loads((tmp_path / "two.json").read_text())
+    data = json.loads((debug_folder / "two.json").read_text())
     plan = data["plan"]
     assert [g["index"] for g in plan["gpus"]] == [0, 1]
     assert all(g["runs"] for g in plan["gpus"])  # both GPUs get runs
     assert plan["waves"] == 1
     _check_capacity(plan)
     runs = {run["name"]: run for run in data["runs"]}
-    assert runs["debug-gpt-auto"]["mem_fraction"] == 0.49  # floor((8 GiB - 64 MiB) / 2 / 8 GiB)
+    assert runs["debug-gpt-auto"]["mem_fraction"] == 0.46  # floor((1 GiB - 64 MiB) / 2 / 1 GiB), not of 8 GiB (0.49)
     assert plan["placements"][0]["gpu"] != next(p["gpu"] for p in plan["placements"] if p["name"] == "debug-gpt-auto")
     assert "GPU 1:" in proc.stdout
 
