@@ -216,7 +216,10 @@ def test_run_forwards_signals_and_leaves_nothing_running(tmp_path, sig, code, sa
 
 
 def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
+    """--probe-timeout 3: the script, still in its start-up, is stopped at once when the time is up
+    (it cannot read a request to quit: asking first waited another 10 s)."""
     marker = "jaxfit_probe_timeout_marker"
+    started = time.monotonic()
     proc = run_cli(
         "fit",
         "--script",
@@ -228,8 +231,10 @@ def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
         f"import time; {marker} = 1; time.sleep(120)",
         "--batch-size=1",  # carried: no --help check (the script parses no flags)
     )
+    took = time.monotonic() - started
     line = error_line(proc)
     assert "timed out after 3 s" in line and "--step-name" in line
+    assert took < 10, f"{took:.1f} s for a 3 s --probe-timeout"
     time.sleep(0.5)
     assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 

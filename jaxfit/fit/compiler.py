@@ -257,7 +257,7 @@ class CompileChild:
             self._requests = os.fdopen(request_w, "w", buffering=1)
             threading.Thread(target=self._read_replies, args=(reply_r,), daemon=True).start()
             threading.Thread(target=self._read_log, args=(log_r,), daemon=True).start()
-            ready = self._receive(self.start_timeout, self._start_doing())
+            ready = self._receive(self.start_timeout, self._start_doing(), polite=False)
             if ready.get("op") == "error":
                 self._raise_reported(ready, "the compile child failed to start: ")
             self.info = DeviceInfo.from_dict(ready["info"])
@@ -310,10 +310,11 @@ class CompileChild:
         if proc is None:
             return
         try:
-            if polite and proc.poll() is None and self._requests is not None:
-                self._requests.write('{"op": "quit"}\n')
-                self._requests.flush()
-            proc.wait(timeout=10)
+            if polite:  # (not polite: killed at once, not after waiting 10 s for a quit never asked)
+                if proc.poll() is None and self._requests is not None:
+                    self._requests.write('{"op": "quit"}\n')
+                    self._requests.flush()
+                proc.wait(timeout=10)
         except (OSError, ValueError, subprocess.TimeoutExpired):
             pass
         finally:
@@ -358,14 +359,16 @@ class CompileChild:
                 tail = [earlier[-1], "..."] + tail
         return "\n".join(tail)
 
-    def _receive(self, timeout: float, doing: str) -> dict[str, Any]:
+    def _receive(self, timeout: float, doing: str, polite: bool = True) -> dict[str, Any]:
+        """The child's next reply within ``timeout`` seconds; on none, the child is stopped
+        (:meth:`close`, ``polite`` or not: a child still starting would not read a quit request)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 reply = self._replies.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
                 if time.monotonic() >= deadline:
-                    self.close()
+                    self.close(polite=polite)
                     hint = "; pass --step-name with the name of your jitted train step" if self.probing else ""
                     raise WorkerError(
                         f"timed out after {timeout:.0f} s waiting to {doing}{self._seen_note()}{hint}"
