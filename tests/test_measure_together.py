@@ -68,7 +68,7 @@ def test_the_hook_loads_each_proven_program_in_turn_and_refuses_one_of_other_arg
 
 
 def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli):
-    """train.py debug, global batch 8 at 4 x 2 and 2 x 4: both rows come from one fresh process
+    """train.py debug, global batch 4 at 2 x 2 and 1 x 4: both rows come from one fresh process
     (measured_together 2), each with its own times. With --parallel 2 both settings' searches ran
     side by side, and so did the two proofs of remat none (their probes overlap in time)."""
     command = [
@@ -77,18 +77,18 @@ def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli)
     ]  # fmt: skip
     # (--overwrite: one process runs both programs' steps, 12 loop iterations with the input's,
     # past debug's save interval of 10: its checkpoint holds data, which jaxfit never deletes)
-    args = ["tune", "--script", "--global-batch", "8", "--micro-batches", "2", "--max-batch", "4", "--device-memory",
+    args = ["tune", "--script", "--global-batch", "4", "--micro-batches", "2", "--max-batch", "2", "--device-memory",
             "1GiB", "--mem-fraction", "0.3", "--warmup", "1", "--steps", "3", "--no-cache", "--parallel", "2",
             "--axis=--remat=none,full"]  # fmt: skip
     proc = run_cli(*args, "--json", "t.json", *command)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "t.json").read_text())
     rows = [r for r in result["rows"] if r["status"] == "measured"]
-    assert sorted((r["micro_batch"], r["accum_steps"]) for r in rows) == [(2, 4), (4, 2)]
+    assert sorted((r["micro_batch"], r["accum_steps"]) for r in rows) == [(1, 4), (2, 2)]
     assert all(r["setting"] == "--remat=none" for r in rows)
     first, second = sorted(rows, key=lambda r: r["prove_started_at"])
     assert second["prove_started_at"] < first["prove_started_at"] + first["prove_seconds"], rows  # side by side
-    # remat full: its twin fits micro-batch 4, the largest asked for (--max-batch 4): nothing above it
+    # remat full: its twin fits micro-batch 2, the largest asked for (--max-batch 2): nothing above it
     assert [r["status"] for r in result["rows"] if r["setting"] == "--remat=full"] == ["cannot win"]
     assert result["phase_seconds"]["search"] > 0 and result["phase_seconds"]["prove"] > 0
     assert all(r["measured_together"] == 2 and r["measured_in"] == "process" for r in rows), rows
