@@ -40,6 +40,8 @@ def test_tune_of_an_example_measures_what_fits_and_ranks_it(tmp_path, run_cli):
         "gpt-tiny",
         "--set",
         "n_layers=1",
+        "--set",
+        "vocab_size=256",  # (SMALL_GPT)
         "--global-batch",
         "8",
         "--remat",
@@ -126,6 +128,8 @@ def test_a_budget_counts_measuring_only_and_the_rows_past_it_say_so(tmp_path, ru
         "gpt-tiny",
         "--set",
         "n_layers=1",
+        "--set",
+        "vocab_size=256",  # (SMALL_GPT)
         "--global-batch",
         "4",
         "--remat",
@@ -172,7 +176,8 @@ def test_the_train_with_line_loads_the_pinned_winner_and_claims_no_pin_it_lacks(
     --max-batch caps the micro-batch under a global batch (it was ignored: the H200 check of
     benchmarks/README.md section 27 searched up to 64 under --max-batch 16)."""
     proc = run_cli(
-        "tune", "--example", "gpt-tiny", "--set", "n_layers=1", "--global-batch", "4", "--remat", "none",
+        "tune", "--example", "gpt-tiny", "--set", "n_layers=1", "--set", "vocab_size=256", "--global-batch", "4",
+        "--remat", "none",
         "--precision", "float32", "--micro-batches", "1", "--max-batch", "2", *TINY, "--json", "t.json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -243,7 +248,7 @@ def _measuring(marker: str) -> bool:
 
 def test_a_script_that_ends_before_the_measured_steps_is_not_called_crashed(tmp_path, run_cli):
     proc = run_cli(
-        "tune", "--script", "--global-batch", "8", "--micro-batches", "1", *TINY, "--json", "t.json", "--",
+        "tune", "--script", "--global-batch", "2", "--micro-batches", "1", *TINY, "--json", "t.json", "--",
         sys.executable, TRAIN, "debug", "--exp-name=tune", "--num-train-steps=1", "--no-wandb-enabled", "--overwrite",
         f"--checkpoint-base-dir={tmp_path / 'ck'}",
     )  # fmt: skip
