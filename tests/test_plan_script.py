@@ -54,7 +54,7 @@ def test_plan_script_writes_table_json_and_markdown_and_agrees_with_fit(run_cli,
     out, page = tmp_path / "plan.json", tmp_path / "HARDWARE.md"
     proc = run_cli(
         "plan", "--script", "--no-default-cards", "--card", "small=4MiB", "--card", "big=64MiB",
-        "--devices", "1", "2", "--max-batch", "64", "--batch-size", "8", "--json", str(out), "--markdown", str(page),
+        "--devices", "1", "2", "--max-batch", "64", "--json", str(out), "--markdown", str(page),
         "--", *DEBUG,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -66,7 +66,7 @@ def test_plan_script_writes_table_json_and_markdown_and_agrees_with_fit(run_cli,
     assert big["batch_size"] > small["batch_size"]
     assert small2["batch_size"] % 2 == 0 and small2["batch_size"] >= small["batch_size"]
     assert small["breakdown"]["parameters"] > 0 and small["breakdown"]["optimizer state"] > 0
-    assert small["fraction_batch"] == 8 and 0 < small["fraction"] <= 1
+    assert small["fraction_batch"] is None and "## Smallest fraction" not in page.read_text()  # no --batch-size
     assert data["step"]["name"] == "train_step" and "small" in proc.stdout
     text = page.read_text()
     assert text.startswith("# Hardware requirements: `") and "scripts/train.py debug" in text
@@ -77,6 +77,23 @@ def test_plan_script_writes_table_json_and_markdown_and_agrees_with_fit(run_cli,
     alone = run_cli("fit", "--script", "--device-memory", "4MiB", "--max-batch", "64", "--json", str(fit), "--", *DEBUG)
     assert alone.returncode == 0, alone.stderr
     assert json.loads(fit.read_text())["batch_size"] == small["batch_size"]
+
+
+@pytest.mark.slow
+def test_plan_script_gives_the_smallest_fraction_of_each_cell_for_a_batch(run_cli, tmp_path, isolated_cache):
+    """--batch-size 8: each cell also says the smallest fraction of its card that holds batch 8 (a
+    second probe of the script, under that fraction), in the JSON and in a section of the page."""
+    out, page = tmp_path / "plan.json", tmp_path / "HW.md"
+    proc = run_cli(
+        "plan", "--script", "--no-default-cards", "--card", "c=1MiB", "--max-batch", "32", "--batch-size", "8",
+        "--batch-flag", "--bs", "--json", str(out), "--markdown", str(page), "--", sys.executable, SHAPED,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert cell["fraction_batch"] == 8 and 0 < cell["fraction"] <= 1, cell
+    assert f"batch 8 needs fraction {cell['fraction']:g}" in " ".join(proc.stderr.split())
+    text = page.read_text()
+    assert "## Smallest fraction for batch 8" in text and f"| c | {cell['fraction']:g} |" in text
 
 
 @pytest.mark.slow
