@@ -185,15 +185,33 @@ def test_an_answer_close_to_the_budget_gets_a_headroom_note():
     assert "1.6% of the budget is spare" in note and "--headroom 43.08 MiB" in note
 
 
-def test_gpu_flow_searches_untuned_and_proves_on_tuned_compiles(monkeypatch):
+GPU_FLOW = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
+"""mlp-tiny on an emulated 8 MiB GPU (``JAXFIT_EMULATE_GPU_TOTAL``) at fraction 0.5."""
+
+
+@pytest.fixture(scope="module")
+def gpu_flow_fit(tmp_path_factory):
+    """The fit of :data:`GPU_FLOW` (no cache) and its progress events, made once for the tests that
+    ask about it."""
+    events: list[tuple[str, dict]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
+        mp.setenv("JAXFIT_CACHE_DIR", str(tmp_path_factory.mktemp("gpu-flow-cache")))
+        mp.setenv("JAX_PLATFORMS", "cpu")
+        result = jaxfit.fit_batch(
+            jaxfit.example_source("mlp-tiny"), GPU_FLOW, progress=lambda e, d: events.append((e, d))
+        )
+    return result, events
+
+
+def test_gpu_flow_searches_untuned_and_proves_on_tuned_compiles(monkeypatch, gpu_flow_fit):
     """The GPU flow (untuned search, then autotuned proof two at a time) on real CPU compiles that
     pretend to be an 8 MiB GPU: the CPU compiler ignores the autotuning level, so both curves agree
     and one proof round must settle the untuned answer. On a GPU a batch fits when its peak and the
     loop's next batch (the inputs the step does not donate) fit the budget."""
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
-    events: list[tuple[str, dict]] = []
-    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
-    result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options, progress=lambda e, d: events.append((e, d)))
+    options = GPU_FLOW
+    result, events = gpu_flow_fit
     assert result.device["limit_sensitive"] and result.budget_bytes == 4 * MiB
     answer = result.batch_size
     tuned = {c.batch_size: c for c in result.candidates if c.autotuned}
@@ -211,24 +229,13 @@ def test_gpu_flow_searches_untuned_and_proves_on_tuned_compiles(monkeypatch):
     assert untuned.batch_size == answer and not any(c.autotuned for c in untuned.candidates)
 
 
-_answers: dict[jaxfit.FitOptions, int] = {}
-
-
-def _emulated_answer(options: jaxfit.FitOptions) -> int:
-    """mlp-tiny's answer under ``options`` on the emulated GPU of the caller's environment, fitted
-    once for the tests that ask about the window around it."""
-    if options not in _answers:
-        _answers[options] = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options).batch_size
-    return _answers[options]
-
-
-def test_gpu_flow_proves_a_window_of_two_batches_in_one_tuned_round(monkeypatch):
+def test_gpu_flow_proves_a_window_of_two_batches_in_one_tuned_round(monkeypatch, gpu_flow_fit):
     """A window no untuned round could narrow (a pinned run's answer and the batch above it, tune's
     exact accumulated batches) is compiled as it will run at once: one round, both autotuned (an
     H200 spent three rounds on 51..52 of openpi's pi0: untuned, then 52 tuned, then 51 tuned)."""
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
-    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
-    answer = _emulated_answer(options)
+    options = GPU_FLOW
+    answer = gpu_flow_fit[0].batch_size
     events: list[tuple[str, dict]] = []
     window = dataclasses.replace(options, min_batch=answer, max_batch=answer + 1)
     result = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), window, progress=lambda e, d: events.append((e, d)))
@@ -382,15 +389,15 @@ def test_a_scripts_probe_that_will_time_what_it_proves_holds_its_whole_pool(prea
     assert record.read_text().split() == ["true" if preallocate else "false"]
 
 
-def test_gpu_flow_compiles_again_alone_a_batch_that_ran_out_of_memory_beside_another(monkeypatch):
+def test_gpu_flow_compiles_again_alone_a_batch_that_ran_out_of_memory_beside_another(monkeypatch, gpu_flow_fit):
     """An H200 compiled openpi's pi0-FAST at 133 and 134 autotuned in one round; 134 ran out of
     memory while autotuning (its untuned peak did not), and the training process's own compile of
     134 then ran 3 steps. A batch that runs out of memory while compiling beside another is
     compiled again alone before it counts as not fitting (the GPU's shared autotuning scratch is
     emulated: an autotuned compile with a smaller batch beside it fails as XLA's out of memory)."""
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(8 * MiB))
-    options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4096, use_cache=False)
-    answer = _emulated_answer(options)
+    options = GPU_FLOW
+    answer = gpu_flow_fit[0].batch_size
     monkeypatch.setenv("JAXFIT_EMULATE_CROWDED_COMPILE_OOM", "1")
     events: list[tuple[str, dict]] = []
     window = dataclasses.replace(options, min_batch=answer - 1, max_batch=answer)
