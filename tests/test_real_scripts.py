@@ -256,7 +256,7 @@ def test_the_missing_step_error_lists_called_functions_before_jitted_ones(tmp_pa
         "--step-name",
         "nosuch",
         "--probe-timeout",
-        "10",  # the script imports jax and calls f twice in about 2 s, then sleeps
+        "15",  # the script imports jax and calls f twice in about 2 s (more on a busy 2-core runner), then sleeps
         *SMALL,
         "--",
         sys.executable,
@@ -269,7 +269,7 @@ def test_the_missing_step_error_lists_called_functions_before_jitted_ones(tmp_pa
         "--batch-size=1",  # carried: no --help check (the script parses no flags)
     )
     line = error_line(proc)
-    assert "timed out after 10 s" in line
+    assert "timed out after 15 s" in line
     assert "jitted functions it called (times, at least; what they do): <lambda> (2)" in line
     assert "jitted but not called: helper" in line and "gammasgn" not in line
 
