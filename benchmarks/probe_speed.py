@@ -48,12 +48,21 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--xla-flags", default="", help="added to XLA_FLAGS of the probe and both runs")
     p.add_argument("--label", default="", help="names this variant in points.jsonl")
+    p.add_argument("--ways", default="probe,pinned,plain", help="which of the three ways to time, in order")
+    p.add_argument(
+        "--variants",
+        default="",
+        help="the probe also times the program these ways ($JAXFIT_TIME_VARIANTS: again, reload, thread, noise)",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.xla_flags:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.variants:
+        os.environ["JAXFIT_TIME_VARIANTS"] = args.variants
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
 
     import jaxfit
     from jaxfit.fit.batch import shared_compile_process
@@ -93,10 +102,15 @@ def main() -> int:
         point.update(ok=True, step_seconds=step, samples_per_second=g / step, all_steps=timing["step_seconds"])
     else:
         point.update(ok=False, error=str(timing.get("error") or "not timed"))
+    if timing.get("variants"):
+        point["variants"] = timing["variants"]
+        for name, value in timing["variants"].items():
+            said = f"step {statistics.median(value):.4f} s" if isinstance(value, list) and value else str(value)
+            print(f"{label} probe variant {name}: {said}", flush=True)
     record("probe", point)
     pinned_env = {k: v for k, v in fit.run_env().items() if k.startswith("JAXFIT_PIN")}
     batch_cmd = [*command, f"--batch-size={g}"]
-    for way in ("pinned", "plain"):
+    for way in [w for w in ways if w != "probe"]:
         saved = {k: os.environ.get(k) for k in pinned_env}
         report = out / f"pin-report-{label}.json".replace("/", "_")
         if way == "pinned":

@@ -761,9 +761,12 @@ class Server:
                     args = list(self.concrete(batch))
                 else:
                     args = fed
+            variants = None
+            if TIME_VARIANTS:
+                variants, args = _time_variants(compiled, args, self.donated, warmup, steps)
             if self.keep_arguments is not None:
                 self.keep_arguments(args)
-            return {
+            reply = {
                 "op": "timed",
                 "ok": True,
                 "batch": batch,
@@ -772,6 +775,9 @@ class Server:
                 "stopped_early": stopped,
                 "seconds": time.perf_counter() - start,
             }
+            if variants is not None:
+                reply["variants"] = variants
+            return reply
         except Exception as e:
             return {
                 "op": "timed",
@@ -810,6 +816,82 @@ class Server:
                 return
             else:
                 self.send({"op": "error", "kind": "protocol", "message": "unknown op %r" % (op,)})
+
+
+TIME_VARIANTS = [v for v in os.environ.get("JAXFIT_TIME_VARIANTS", "").split(",") if v.strip()]
+"""Diagnostics only (benchmarks/probe_speed.py): after a timing, time the same program again in
+these ways, each reported under ``variants`` (its step seconds, or its error): ``again``, the
+same once more; ``reload``, the program serialized and loaded again, as a pinned process loads it;
+``thread``, run from a new thread; ``noise``, on noise of the arguments' shapes in place of every
+argument (the state too; last, it may not fit beside the state)."""
+
+
+def _time_variants(
+    compiled: Any, args: "list", donated: "tuple", warmup: int, steps: int
+) -> "tuple[Dict[str, Any], list]":
+    """:data:`TIME_VARIANTS` of ``compiled``: each one's step seconds (or its error), and the
+    arguments the last one left (the state fed on from ``args``, as the timing feeds it)."""
+    import jax
+
+    current = {"args": list(args)}
+
+    def loop(program: Any) -> "list[float]":
+        times: "list[float]" = []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            out = program(*current["args"])
+            jax.block_until_ready(out)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+            fed = _fed_back(current["args"], out, donated)
+            if fed is None:
+                raise RuntimeError("the step returns no state in the donated one's place")
+            current["args"] = fed
+        return times
+
+    results: Dict[str, Any] = {}
+    for name in TIME_VARIANTS:
+        try:
+            if name == "reload":
+                from jax.experimental import serialize_executable
+
+                payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+                results[name] = loop(serialize_executable.deserialize_and_load(payload, in_tree, out_tree))
+            elif name == "thread":
+                box: Dict[str, Any] = {}
+
+                def run(box: Dict[str, Any] = box) -> None:
+                    try:
+                        box["times"] = loop(compiled)
+                    except Exception as e:  # reported below
+                        box["error"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+
+                worker = threading.Thread(target=run)
+                worker.start()
+                worker.join()
+                results[name] = box.get("times", box.get("error"))
+            elif name == "again":
+                results[name] = loop(compiled)
+            elif name == "noise":  # every argument noise (the state too): last, it may not fit beside the state
+                abstract = jax.tree_util.tree_map(
+                    lambda x: (
+                        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x
+                    ),
+                    list(current["args"]),
+                )
+                kept, current["args"] = current["args"], list(real_arguments(abstract, seed=1))
+                try:
+                    results[name] = loop(compiled)
+                finally:
+                    current["args"] = kept
+            else:
+                results[name] = "unknown variant"
+        except Exception as e:
+            results[name] = "%s: %s" % (
+                type(e).__name__,
+                str(e).strip().splitlines()[0][:200] if str(e).strip() else "",
+            )
+    return results, current["args"]
 
 
 def tree_signature(tree: Any) -> Any:
