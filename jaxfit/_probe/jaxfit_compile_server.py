@@ -822,7 +822,8 @@ TIME_VARIANTS = [v for v in os.environ.get("JAXFIT_TIME_VARIANTS", "").split(","
 """Diagnostics only (benchmarks/probe_speed.py): after a timing, time the same program again in
 these ways, each reported under ``variants`` (its step seconds, or its error): ``again``, the
 same once more; ``reload``, the program serialized and loaded again, as a pinned process loads it;
-``thread``, run from a new thread; ``noise``, on noise of the arguments' shapes in place of every
+``thread``, run from a new thread; ``copy`` and ``host``, on the arguments' values in new buffers
+(copied on the device, or put from the host); ``noise``, on noise of the arguments' shapes in place of every
 argument (the state too; last, it may not fit beside the state)."""
 
 
@@ -851,12 +852,13 @@ def _time_variants(
 
     results: Dict[str, Any] = {}
     for name in TIME_VARIANTS:
+        key = name if name not in results else "%s-%d" % (name, len(results))  # a variant asked twice
         try:
             if name == "reload":
                 from jax.experimental import serialize_executable
 
                 payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-                results[name] = loop(serialize_executable.deserialize_and_load(payload, in_tree, out_tree))
+                results[key] = loop(serialize_executable.deserialize_and_load(payload, in_tree, out_tree))
             elif name == "thread":
                 box: Dict[str, Any] = {}
 
@@ -869,9 +871,19 @@ def _time_variants(
                 worker = threading.Thread(target=run)
                 worker.start()
                 worker.join()
-                results[name] = box.get("times", box.get("error"))
+                results[key] = box.get("times", box.get("error"))
             elif name == "again":
-                results[name] = loop(compiled)
+                results[key] = loop(compiled)
+            elif name in ("copy", "host"):  # the same values in new buffers: copied on the device, or from the host
+                import numpy as np
+
+                def fresh(x: Any, name: str = name) -> Any:
+                    if not isinstance(x, jax.Array) or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+                        return x
+                    return x.copy() if name == "copy" else jax.device_put(np.asarray(x), x.sharding)
+
+                current["args"] = jax.tree_util.tree_map(fresh, list(current["args"]))
+                results[key] = loop(compiled)
             elif name == "noise":  # every argument noise (the state too): last, it may not fit beside the state
                 abstract = jax.tree_util.tree_map(
                     lambda x: (
@@ -881,13 +893,13 @@ def _time_variants(
                 )
                 kept, current["args"] = current["args"], list(real_arguments(abstract, seed=1))
                 try:
-                    results[name] = loop(compiled)
+                    results[key] = loop(compiled)
                 finally:
                     current["args"] = kept
             else:
-                results[name] = "unknown variant"
+                results[key] = "unknown variant"
         except Exception as e:
-            results[name] = "%s: %s" % (
+            results[key] = "%s: %s" % (
                 type(e).__name__,
                 str(e).strip().splitlines()[0][:200] if str(e).strip() else "",
             )
