@@ -41,3 +41,24 @@ def test_leaves_larger_than_the_noise_block_are_filled_with_noise_and_differ_fro
     assert a.shape == shape and b.dtype == jnp.bfloat16
     assert 0.9 < float(jnp.std(a)) < 1.1 and abs(float(jnp.mean(a))) < 0.05
     assert not bool(jnp.array_equal(a.astype(jnp.bfloat16), b))  # each leaf starts elsewhere in the block
+
+
+def test_a_script_s_step_is_timed_on_the_script_s_own_batch_repeated_to_the_program_s_size(tmp_path):
+    """A script's probe times the proven program on the script's own batch, its rows repeated to
+    the program's batch size, not on zeros: on an H200 gpt_small's step ran 1.7-1.9 times slower on
+    a batch of zero tokens than on the script's own (benchmarks/README.md section 35). The fixture's
+    step writes the sum and count of the labels it runs on; the script's batch of 4 has labels 0-3."""
+    import sys
+    from pathlib import Path
+
+    import jaxfit
+
+    record = tmp_path / "labels.txt"
+    record.write_text("")  # there before the probe: what a probe creates, jaxfit takes away
+    script = Path(__file__).parent / "fixtures" / "mini_train.py"
+    command = [sys.executable, str(script), "--batch-size", "4", "--width", "8", "--record-labels", str(record)]
+    options = jaxfit.FitOptions(mem_fraction=0.5, min_batch=10, max_batch=10, use_cache=False, time_steps=(1, 2))
+    result = jaxfit.fit_batch(jaxfit.script_source(command), options)
+    assert result.batch_size == 10 and result.timing is not None and result.timing["ok"]
+    # batch 10 from rows 0 1 2 3: 0 1 2 3 0 1 2 3 0 1, summing to 13, in each of the 3 calls (noise: 0)
+    assert record.read_text().split("\n")[:-1] == ["13 10"] * 3

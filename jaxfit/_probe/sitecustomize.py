@@ -153,7 +153,38 @@ def _abstract(x: Any, batch: int) -> Any:
 
 
 def _resized(tree: Any, batch: int) -> Any:
-    """``tree`` with every array replaced by an abstract one of leading size ``batch``.
+    """``tree`` with every array replaced by an abstract one of leading size ``batch``
+    (:func:`_rebuilt`)."""
+    return _rebuilt(tree, lambda x: _abstract(x, batch))
+
+
+def _tiled(tree: Any, batch: int) -> Any:
+    """``tree`` with every array replaced by one of leading size ``batch`` holding the array's own
+    rows, repeated in turn, placed as :func:`_abstract` says: the script's real batch at the size
+    a timing runs. Its values matter: an H200 ran scripts/train.py gpt_small's step 1.7-1.9 times
+    slower on a batch of zero tokens (every token's gradient added into one embedding row) than
+    on the script's own (benchmarks/README.md section 35). A leaf that cannot be tiled is noise."""
+    import jax
+    import numpy as np
+
+    _importable()
+    import jaxfit_compile_server as server_mod
+
+    def leaf(x: Any) -> Any:
+        abstract = _abstract(x, batch)
+        try:
+            host = np.asarray(x)
+            rows = np.full((batch,), host) if host.ndim == 0 else host[np.arange(batch) % host.shape[0]]
+            sharding = getattr(abstract, "sharding", None)
+            return jax.device_put(rows, sharding) if sharding is not None else jax.device_put(rows)
+        except Exception:  # e.g. PRNG keys, or rows not on this host
+            return server_mod.real_arguments(abstract)
+
+    return _rebuilt(tree, leaf)
+
+
+def _rebuilt(tree: Any, leaf: Any) -> Any:
+    """``tree`` with every array ``x`` replaced by ``leaf(x)``.
 
     Containers are rebuilt without calling their constructors where possible (dataclasses are
     copied field by field): a container that type-checks its fields when built (jaxtyping or
@@ -167,7 +198,7 @@ def _resized(tree: Any, batch: int) -> Any:
 
     def walk(node: Any) -> Any:
         if hasattr(node, "shape") and hasattr(node, "dtype"):
-            return _abstract(node, batch)
+            return leaf(node)
         if isinstance(node, dict):
             out = copy.copy(node)
             for key in node:
@@ -185,7 +216,7 @@ def _resized(tree: Any, batch: int) -> Any:
                     object.__setattr__(out, field.name, walk(getattr(node, field.name)))
             return out
         if not jax.tree_util.all_leaves([node]):  # another pytree node: rebuilt by its own unflatten
-            return jax.tree_util.tree_map(lambda x: _abstract(x, batch) if hasattr(x, "shape") else x, node)
+            return jax.tree_util.tree_map(lambda x: leaf(x) if hasattr(x, "shape") else x, node)
         return node
 
     return walk(tree)
@@ -231,14 +262,14 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: A
 
         donated = tuple(getattr(kind, "donated", ()) or ())
         # The script's own arguments, live: a timing (``jaxfit tune --measure inline``) runs the
-        # proven program on them (the state the script built, a batch of noise of the program's
-        # size) and donates the state, so each timing starts from the state the last one left.
+        # proven program on them (the state the script built, the script's batch tiled to the
+        # program's size) and donates the state, so each timing starts from the state the last one left.
         # Lowering keeps the arguments of the script's call (only their shapes count).
         live = {"args": list(args)}
 
         def concrete(batch: int) -> tuple:
             call_args = list(live["args"])
-            call_args[index] = server_mod.real_arguments(_resized(args[index], batch))
+            call_args[index] = _tiled(args[index], batch)
             return tuple(call_args)
 
         def keep(final: "list") -> None:
