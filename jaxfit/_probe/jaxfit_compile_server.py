@@ -823,7 +823,8 @@ TIME_VARIANTS = [v for v in os.environ.get("JAXFIT_TIME_VARIANTS", "").split(","
 these ways, each reported under ``variants`` (its step seconds, or its error): ``again``, the
 same once more; ``reload``, the program serialized and loaded again, as a pinned process loads it;
 ``thread``, run from a new thread; ``copy`` and ``host``, on the arguments' values in new buffers
-(copied on the device, or put from the host); ``noise``, on noise of the arguments' shapes in place of every
+(copied on the device, or put from the host); ``zeros``, with every integer leaf of the
+arguments not donated (a batch's tokens) 0; ``noise``, on noise of the arguments' shapes in place of every
 argument (the state too; last, it may not fit beside the state)."""
 
 
@@ -884,6 +885,25 @@ def _time_variants(
 
                 current["args"] = jax.tree_util.tree_map(fresh, list(current["args"]))
                 results[key] = loop(compiled)
+            elif name == "zeros":  # the integer leaves of what is not donated (the batch's tokens) all 0
+                kept = current["args"]
+                current["args"] = [
+                    a
+                    if i in donated
+                    else jax.tree_util.tree_map(
+                        lambda x: (
+                            jax.numpy.zeros_like(x)
+                            if isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.numpy.integer)
+                            else x
+                        ),
+                        a,
+                    )
+                    for i, a in enumerate(kept)
+                ]
+                try:
+                    results[key] = loop(compiled)
+                finally:  # the batch as it was, the state as the loop left it
+                    current["args"] = [a if i in donated else kept[i] for i, a in enumerate(current["args"])]
             elif name == "noise":  # every argument noise (the state too): last, it may not fit beside the state
                 abstract = jax.tree_util.tree_map(
                     lambda x: (
