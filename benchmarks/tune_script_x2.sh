@@ -12,7 +12,8 @@
 #   OUT=$OUT LIMIT_S=470 bash benchmarks/tune_script_x2.sh
 # MEASURE=inline: the tune times each proof in the script's probe (--measure inline), then its
 # fastest rows in fresh processes of the script (default: process, as --measure auto does).
-# TUNE_ONLY_GPU=N: only the tune, on GPU N (the grid measured in another call, or the other GPU
+# REMAT=none: the tune of remat none alone. TUNE_ONLY_GPU=N: only the tune, on GPU N (the grid
+# measured in another call, or the other GPU
 # busy with other work).
 # Returns $OUT/all.tgz (a device call brings back at most 8 files).
 set -uo pipefail
@@ -22,7 +23,7 @@ OUT=/tmp/tune-script-sides
 . "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt, bench_side
 mkdir -p "$FINAL"
 BENCH_COMMON=(run --script-config gpt_small --global-batch 64 --fraction 0.0706 --precision bfloat16)
-TUNE=(tune --remat none,full --skip-grid --tune-arg="--measure=${MEASURE:-process}")
+TUNE=(tune --remat "${REMAT:-none,full}" --skip-grid --tune-arg="--measure=${MEASURE:-process}")
 if [ -n "${TUNE_ONLY_GPU:-}" ]; then
   bench_side "$TUNE_ONLY_GPU" "${TUNE[@]}"
 else
