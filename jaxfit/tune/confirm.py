@@ -11,7 +11,13 @@ the tune named the slower one.
 The excess was 22-31 ms per micro-step in all four rows measured, so a single ratio understates
 the rows with more micro-steps than the row it came from (remat none: x1.87 at 8 micro-steps,
 x2.21 at 16). So probe rates are not ranked across settings, and a row is estimated with the
-calibration that favours it. The rule:
+calibration that favours it.
+
+The cause was found later (benchmarks/README.md section 35): the probe timed the script's state on
+a batch whose tokens were all 0, on which the step ran 1.7-1.9x slower. A probe now times on the
+script's own batch, and its rates came within 3 % of fresh processes (+1.5 to +2.8 %). The rule
+stays as a safeguard: with a ratio near 1 it costs one fresh process per setting (on that H200,
+one in place of three for remat none's three rows). The rule:
 
 1. each setting's fastest probe row runs in a fresh process (one per setting, fastest first),
    which calibrates the setting twice: its fresh rate over its probe rate, and its extra seconds

@@ -135,9 +135,9 @@ def tune(
     )
     device: dict[str, Any] = {}
     leader = _Leader(tuning)
-    # A script timed inline: each proof in a probe process of its own, whose rates ran slow by an
-    # excess per micro-step on an H200, so none drops a row (no margin); jaxfit.tune.confirm
-    # decides what runs again in a fresh process.
+    # A script timed inline: each proof in a probe process of its own, whose rates once ran slow
+    # (on zero tokens, fixed) by an excess per micro-step on an H200, so none drops a row (no
+    # margin); jaxfit.tune.confirm decides what runs again in a fresh process.
     script_inline = target.script is not None and tuning.measure == "inline"
     proving = _Leader(dataclasses.replace(tuning, drop_margin=None)) if script_inline else leader
     # Timed where they are proved: the compile process holds its whole pool from the start, as

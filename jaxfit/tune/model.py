@@ -54,9 +54,10 @@ class TuneOptions:
         step and the time between steps, the script's data loading included); ``inline``: the
         program is run where it was proven, in the compile process, on real arguments of its shapes
         (no start-up per candidate; the step alone; for a script, its probe, on the state the
-        script built, and then rows again in a fresh process of the script, which sees its input
-        pipeline, by :mod:`jaxfit.tune.confirm`'s rule: on an H200 the probe rates ran 16-55 %
-        below a fresh process, by a share that differs per setting); ``auto``: inline
+        script built and the script's own batch, and then rows again in a fresh process of the
+        script, which sees its input pipeline, by :mod:`jaxfit.tune.confirm`'s rule; on an H200
+        the probe rates are within 3 % of a fresh process's since they run on the script's batch
+        instead of zero tokens, benchmarks/README.md section 35); ``auto``: inline
         for a built-in example on a GPU (on an H100 it found the grid's winner in 0.40x of the
         grid's time against 0.63x, its rates within 1 % of a fresh process's:
         benchmarks/README.md section 15), fresh processes otherwise (a script; a CPU, where
@@ -72,8 +73,10 @@ class TuneOptions:
         a setting instead of one a row. False: a process for each.
       parallel: A script measured in fresh processes: its settings' searches, and each setting's
         proofs, run this many probes of the script at once (each a process of the script under the
-        fraction; on a GPU at most as many as 0.95 / fraction). 1: one at a time. Experimental:
-        not yet measured on a GPU, where concurrent autotuning may pick other kernels.
+        fraction; on a GPU at most as many as 0.95 / fraction). 1: one at a time. Measured once on
+        an H200 (benchmarks/README.md section 35): the tune took 246.9 s instead of 376.4 s, and
+        its winner, proved beside two other autotuned compiles, ran 3.0 % below the plain run of
+        the same setting (one proved alone: 0.8 %).
       rank_untuned: Experimental, GPU with ``measure="inline"`` and a global batch: run every
         micro-batch's untuned program (compiled by the search, accumulated to the global batch)
         a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best

@@ -325,8 +325,8 @@ def _prove_descending(
                 accum = (tune.global_batch or micro) // micro
                 rows.append(_row(target, searched.setting, micro, accum, status="cannot win", note=why))
             break
-        # (a script's proofs are each timed in a probe of their own, whose rates ran slow by an
-        # excess per micro-step on an H200: they are not compared here, jaxfit.tune.confirm)
+        # (a script's proofs are each timed in a probe of their own, whose rates once ran slow by
+        # an excess per micro-step on an H200: they are not compared here, jaxfit.tune.confirm)
         slower = _past_the_peak(rows) if tune.measure == "inline" and target.script is None else None
         if slower is not None:
             notify(
