@@ -111,3 +111,31 @@ def test_parallel_probes_that_cannot_start_side_by_side_are_searched_again_alone
     assert "its search failed beside the others" in said and "searched again alone" in said, said[-3000:]
     rows = json.loads((tmp_path / "t.json").read_text())["rows"]
     assert sorted(r["status"] for r in rows) == ["measured", "measured"], rows
+
+
+def test_an_inline_tune_proves_every_setting_in_one_wave_and_confirms_the_fastest_fresh(tmp_path, run_cli):
+    """--measure inline --parallel 2 over two settings of train.py debug (float32, bfloat16):
+    their searches, then their proofs, run side by side (one wave: the second setting's proof
+    starts before the first's ends), each proof timed in its probe, one timing at a time
+    (:mod:`jaxfit.fit.gpu_turns`). Then the fastest probe row runs in a fresh process, and the
+    other only when its calibrated estimate could beat it."""
+    command = [
+        "--", sys.executable, str(REPO / "scripts" / "train.py"), "debug", "--exp-name=tw",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}", "--no-wandb-enabled", "--overwrite",
+    ]  # fmt: skip
+    args = ["tune", "--script", "--global-batch", "4", "--micro-batches", "1", "--max-batch", "2", "--device-memory",
+            "1GiB", "--mem-fraction", "0.3", "--warmup", "1", "--steps", "3", "--no-cache", "--parallel", "2",
+            "--measure", "inline", "--axis=--precision=float32,bfloat16"]  # fmt: skip
+    proc = run_cli(*args, "--json", "t.json", *command)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "t.json").read_text())
+    rows = result["rows"]
+    assert sorted(r["setting"] for r in rows) == ["--precision=bfloat16", "--precision=float32"], rows
+    assert all(r["status"] == "measured" and (r["micro_batch"], r["accum_steps"]) == (2, 2) for r in rows), rows
+    first, second = sorted(rows, key=lambda r: r["prove_started_at"])
+    assert second["prove_started_at"] < first["prove_started_at"] + first["prove_seconds"], rows  # one wave
+    assert all(r["timing_seconds"] for r in rows), rows  # each timed in its probe
+    fresh = [r for r in rows if r["measured_in"] == "process"]
+    fastest = max(rows, key=lambda r: r["inline_samples_per_second"] or r["samples_per_second"])
+    assert fastest in fresh and len(fresh) in (1, 2), rows
+    assert result["best"]["measured_in"] == "process"

@@ -6,6 +6,7 @@ See :mod:`jaxfit.fit.worker` for why compiles happen in a child process.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,6 +23,7 @@ from jaxfit import errors
 from jaxfit.errors import WorkerError
 from jaxfit.fit.budget import set_fraction
 from jaxfit.fit.command import check_batch_flag, hooked_pythonpath
+from jaxfit.fit.gpu_turns import GPU_TURNS
 from jaxfit.fit.leftovers import probe_ended, probe_environment, probe_started
 from jaxfit.fit.memory import MemoryReport, next_input_bytes
 from jaxfit.fit.sources import ScriptSource, Source, to_json
@@ -467,7 +469,23 @@ class CompileChild:
             kept in the child, to be timed (:meth:`time` with ``untuned``).
           timeout: Seconds for the whole request.
           on_result: Called as each compile finishes (for progress displays).
+
+        Autotuned compiles on a GPU take their turn (:data:`jaxfit.fit.gpu_turns.GPU_TURNS`): none
+        runs while another child of this process times a program.
         """
+        tuned = autotune and bool(self.info is not None and self.info.limit_sensitive)
+        with GPU_TURNS.autotuning() if tuned else contextlib.nullcontext():
+            return self._compile(batches, autotune, threads, timeout, on_result, keep_untuned)
+
+    def _compile(
+        self,
+        batches: list[int],
+        autotune: bool,
+        threads: int | None,
+        timeout: float,
+        on_result: Callable[[CompileOutcome], None] | None,
+        keep_untuned: bool,
+    ) -> dict[int, CompileOutcome]:
         self._next_id += 1
         request_id = self._next_id
         self._send(
@@ -542,11 +560,12 @@ class CompileChild:
             request["untuned"] = True
         if give_up is not None:
             request["give_up"] = list(give_up)
-        self._send(request)
-        while True:
-            reply = self._receive(timeout, f"time the program of batch {batch}")
-            if reply.get("op") == "timed":
-                return reply
+        with GPU_TURNS.timing():  # alone: no other child of this process autotunes or times meanwhile
+            self._send(request)
+            while True:
+                reply = self._receive(timeout, f"time the program of batch {batch}")
+                if reply.get("op") == "timed":
+                    return reply
 
     def process_overhead(self) -> Overhead:
         """Measure the device memory the child holds outside the XLA pool (GPU only)."""

@@ -15,17 +15,18 @@ calibration that favours it.
 
 The cause was found later (benchmarks/README.md section 35): the probe timed the script's state on
 a batch whose tokens were all 0, on which the step ran 1.7-1.9x slower. A probe now times on the
-script's own batch, and its rates came within 3 % of fresh processes (+1.5 to +2.8 %). The rule
-stays as a safeguard: with a ratio near 1 it costs one fresh process per setting (on that H200,
-one in place of three for remat none's three rows). The rule:
+script's own batch, and its rates came within 3 % of fresh processes in both settings measured
+(+1.5 to +2.8 %). So the rule now starts from one fresh process, not one per setting, and keeps
+the calibration as a safeguard:
 
-1. each setting's fastest probe row runs in a fresh process (one per setting, fastest first),
-   which calibrates the setting twice: its fresh rate over its probe rate, and its extra seconds
-   per micro-step in the probe;
+1. the fastest probe row of all runs in a fresh process, which calibrates its setting twice (its
+   fresh rate over its probe rate, and its extra seconds per micro-step in the probe) and every
+   setting without a calibration of its own;
 2. each other probe row's fresh rate is estimated the higher of the two ways (its probe rate
    times the ratio; its probe step less the extra seconds times its micro-steps), and it runs in
    a fresh process when that is within :data:`CALIBRATION_MARGIN` of the best fresh rate so far
-   (at most :data:`MORE_AT_MOST` of them, the highest estimate first);
+   (at most :data:`MORE_AT_MOST` of them, the highest estimate first); a row run so calibrates
+   its own setting when it is the setting's first;
 3. the winner is always a fresh-process rate; the rows left say what they were estimated at.
 """
 
@@ -56,14 +57,10 @@ class ProbeRow(Protocol):
 R = TypeVar("R", bound=ProbeRow)
 
 
-def settings_fastest(rows: Iterable[R]) -> list[R]:
-    """Step 1: each setting's fastest probe row, the fastest first."""
-    best: dict[str, R] = {}
-    for row in rows:
-        current = best.get(row.setting)
-        if current is None or (row.samples_per_second or 0) > (current.samples_per_second or 0):
-            best[row.setting] = row
-    return sorted(best.values(), key=lambda r: -(r.samples_per_second or 0))
+def fastest_first(rows: Iterable[R]) -> list[R]:
+    """Step 1: the fastest probe row of all, as a list (empty without one)."""
+    timed = [r for r in rows if r.samples_per_second]
+    return [max(timed, key=lambda r: r.samples_per_second or 0)] if timed else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +85,9 @@ class Calibration:
 
     def estimate(self, row: ProbeRow) -> float | None:
         """``row``'s fresh rate estimated from its probe rate, the higher of the ratio's and the
-        per-micro-step estimate (None: its setting has no calibration; inf: the per-micro-step
-        excess is all of its probe step)."""
-        calibrated = self.settings.get(row.setting)
+        per-micro-step estimate, by its setting's calibration or else the first one recorded
+        (None: no calibration at all; inf: the per-micro-step excess is all of its probe step)."""
+        calibrated = self.settings.get(row.setting) or next(iter(self.settings.values()), None)
         if calibrated is None or not row.samples_per_second:
             return None
         by_ratio = row.samples_per_second * calibrated.ratio
@@ -109,8 +106,9 @@ class Calibration:
         rate = row.samples_per_second or 0.0
         estimate = self.estimate(row)
         if estimate is None:
-            return f"the step alone, timed in the probe only ({rate:.1f} samples/s; its setting has no fresh rate)"
+            return f"the step alone, timed in the probe only ({rate:.1f} samples/s; no row has a fresh rate)"
+        whose = "its setting's" if row.setting in self.settings else "the first fresh row's"
         return (
             f"the step alone, timed in the probe only: {rate:.1f} samples/s, at most about {estimate:.1f} in a "
-            "fresh process by its setting's calibration: cannot win"
+            f"fresh process by {whose} calibration: cannot win"
         )

@@ -46,6 +46,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -59,7 +60,7 @@ from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.devices import cuda_total_bytes
 from jaxfit.fit.leftovers import cleaned
 from jaxfit.fit.pin import Pin, run_environment
-from jaxfit.tune.confirm import Calibration, settings_fastest
+from jaxfit.tune.confirm import Calibration, fastest_first
 from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measure_together, _measurements
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
@@ -159,24 +160,30 @@ def tune(
                 began = time.perf_counter()
                 early = _search_side_by_side(target, settings, options, tuning, proving, progress, parallel)
                 early_seconds = time.perf_counter() - began if early else 0.0
-                for setting in sorted(settings, key=lambda s: s.remat):
-                    floor = _twin_floor(setting, proofs)
-                    if floor is not None and tuning.global_batch is not None and floor[1] >= tuning.global_batch:
-                        # its twin fits the whole global batch at once: nothing is left to search
-                        why = (
-                            f"{floor[0]} fits micro-batch {floor[1]}, the whole global batch, and at a "
-                            "micro-batch remat only adds work: not searched"
+                if parallel > 1 and len(early) == len(settings) > 1:  # every setting's proofs side by side
+                    _prove_in_one_wave(target, settings, early, options, tuning, proving, progress, proofs, parallel)
+                    searches = [early[s.name] for s in settings]
+                else:
+                    for setting in sorted(settings, key=lambda s: s.remat):
+                        floor = _twin_floor(setting, proofs)
+                        if floor is not None and tuning.global_batch is not None and floor[1] >= tuning.global_batch:
+                            # its twin fits the whole global batch at once: nothing is left to search
+                            why = (
+                                f"{floor[0]} fits micro-batch {floor[1]}, the whole global batch, and at a "
+                                "micro-batch remat only adds work: not searched"
+                            )
+                            notify(progress, "note", text=f"tune: {setting.name}: {why}")
+                            proofs.rows.append(_row(target, setting, floor[1], 1, status="cannot win", note=why))
+                            continue
+                        searched = early.get(setting.name) or _search_setting(
+                            target, setting, options, tuning, proving, progress
                         )
-                        notify(progress, "note", text=f"tune: {setting.name}: {why}")
-                        proofs.rows.append(_row(target, setting, floor[1], 1, status="cannot win", note=why))
-                        continue
-                    searched = early.get(setting.name) or _search_setting(
-                        target, setting, options, tuning, proving, progress
-                    )
-                    searches.append(searched)
-                    proofs.rows += searched.rows
-                    if searched.largest is not None:
-                        _prove_descending(target, searched, options, tuning, proving, progress, proofs, floor, parallel)
+                        searches.append(searched)
+                        proofs.rows += searched.rows
+                        if searched.largest is not None:
+                            _prove_descending(
+                                target, searched, options, tuning, proving, progress, proofs, floor, parallel
+                            )
             # (searches side by side count their wall time, not the sum of theirs)
             search_seconds = early_seconds + sum(s.seconds for s in searches if s.setting.name not in early)
             rank_seconds = sum(s.rank_seconds for s in searches)
@@ -313,10 +320,10 @@ def tune(
 
 
 def _probes_at_once(target: Target, tuning: TuneOptions, options: FitOptions) -> int:
-    """How many probes of a script run at once (``--parallel``): only for a script measured in
-    fresh processes (inline, a probe times what it proves: one at a time), and on a GPU no more
-    than fit side by side under the fraction, each holding at most its own pool."""
-    if target.script is None or tuning.measure != "process" or tuning.parallel <= 1:
+    """How many probes of a script run at once (``--parallel``): only for a script (timed inline,
+    each probe times what it proved alone on the GPU: :mod:`jaxfit.fit.gpu_turns`), and on a GPU
+    no more than fit side by side under the fraction, each holding at most its own pool."""
+    if target.script is None or tuning.parallel <= 1:
         return 1
     if cuda_total_bytes() is None:
         return tuning.parallel
@@ -356,6 +363,95 @@ def _search_side_by_side(
                     "it is searched again alone",
                 )
     return found
+
+
+@dataclasses.dataclass
+class _Wave:
+    """One setting's part of :func:`_prove_in_one_wave`: its search, the floor it is proved above
+    (its twin's search answer), whether the twin's answer left it nothing, and its own proofs."""
+
+    setting: Setting
+    searched: _Searched
+    floor: tuple[str, int] | None
+    cannot_win: bool
+    proofs: _Proofs
+
+
+def _prove_in_one_wave(
+    target: Target,
+    settings: Sequence[Setting],
+    early: Mapping[str, _Searched],
+    options: FitOptions,
+    tuning: TuneOptions,
+    leader: _Leader,
+    progress: Progress | None,
+    proofs: _Proofs,
+    parallel: int,
+) -> None:
+    """Every setting's proofs side by side, ``parallel`` probes in all, instead of one setting's
+    after another's (the settings were searched side by side: ``early``). A remat setting is then
+    proved above its twin's *search* answer, as the twin's proofs are not known yet; when those
+    fit less than that (an autotuned program needs more than the untuned search's), the remat
+    setting's micro-batches between the two are proved after the wave. Rows come setting by
+    setting, those without remat first, as one setting after another gives them."""
+    slots = threading.BoundedSemaphore(parallel)
+    waves: list[_Wave] = []
+    for setting in sorted(settings, key=lambda s: s.remat):
+        searched = early[setting.name]
+        twin = plain_twin(setting)
+        twin_search = early.get(twin) if twin is not None else None
+        floor = (twin, twin_search.largest.batch_size) if twin and twin_search and twin_search.largest else None
+        whole = floor is not None and tuning.global_batch is not None and floor[1] >= tuning.global_batch
+        waves.append(_Wave(setting, searched, floor, whole, _Proofs(rows=list(searched.rows))))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(waves)) as pool:
+        futures = [
+            pool.submit(
+                contextvars.copy_context().run,
+                _prove_descending,
+                target,
+                w.searched,
+                options,
+                tuning,
+                leader,
+                progress,
+                w.proofs,
+                w.floor,
+                parallel,
+                slots,
+            )
+            for w in waves
+            if w.searched.largest is not None and not w.cannot_win
+        ]
+        for future in futures:
+            future.result()
+    fitted = _Proofs(fits={key: fit for w in waves for key, fit in w.proofs.fits.items()})
+    for w in waves:
+        if w.floor is None or w.searched.largest is None:
+            continue
+        proved = _twin_floor(w.setting, fitted)  # what the twin's autotuned proofs fit
+        if proved is not None and proved[1] >= w.floor[1]:
+            if w.cannot_win:  # the twin holds the whole global batch: nothing is left to search
+                why = (
+                    f"{proved[0]} fits micro-batch {proved[1]}, the whole global batch, and at a "
+                    "micro-batch remat only adds work: not searched"
+                )
+                notify(progress, "note", text=f"tune: {w.setting.name}: {why}")
+                w.proofs.rows = [_row(target, w.setting, proved[1], 1, status="cannot win", note=why)]
+            continue
+        notify(
+            progress,
+            "note",
+            text=f"tune: {w.setting.name}: its twin's proofs fit "
+            + (f"micro-batch {proved[1]}" if proved else "none")
+            + f", less than its search's {w.floor[1]}: the micro-batches between are proved now",
+        )
+        w.proofs.rows = [r for r in w.proofs.rows if r.status != "cannot win"]
+        _prove_descending(
+            target, w.searched, options, tuning, leader, progress, w.proofs, proved, parallel, slots, below=w.floor[1]
+        )
+    for w in waves:
+        proofs.rows += w.proofs.rows
+        proofs.fits.update(w.proofs.fits)
 
 
 def _measure_fresh(
@@ -401,8 +497,8 @@ def _confirm_in_fresh_processes(
     """A script tuned with ``--measure inline`` had each proof timed in its probe: the step alone,
     in a probe process of its own. What trains is the script's loop, its input pipeline included,
     and probe rates are not a fresh process's, so rows run again in a fresh process of the script
-    with their pinned program by :mod:`jaxfit.tune.confirm`'s rule: each setting's fastest, then
-    those its calibration says may win. Each keeps both rates
+    with their pinned program by :mod:`jaxfit.tune.confirm`'s rule: the fastest, then those the
+    calibration says may win. Each keeps both rates
     (``inline_samples_per_second``, ``samples_per_second``)."""
     probed = [r for r in rows if r.status == "measured" and r.measured_in == "compile process"]
     calibration = Calibration()
@@ -422,7 +518,7 @@ def _confirm_in_fresh_processes(
             calibration.record(row, rate, row.samples_per_second)
             notify(progress, "note", text=f"tune:   {row.samples_per_second:.1f} samples/s in a fresh process")
 
-    for row in settings_fastest(probed):
+    for row in fastest_first(probed):
         confirm(row)
     left = [r for r in probed if r.measured_in == "compile process"]
     fresh = [r.samples_per_second or 0 for r in rows if r.status == "measured" and r.measured_in == "process"]

@@ -4,8 +4,10 @@ proofs of the micro-batches to measure (largest first, or ranked on untuned prog
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -106,15 +108,16 @@ def _flops_per_step(micro: int, accum: int, fit: FitResult, largest: FitResult) 
     return plain[widest] / widest * micro * accum if widest else None
 
 
-def _micro_batches_to_prove(tune: TuneOptions, largest: FitResult) -> list[int]:
+def _micro_batches_to_prove(tune: TuneOptions, largest: FitResult, below: int | None = None) -> list[int]:
     """Micro-batches to compile as they run, largest first, until ``tune.micro_batches`` of them
     fit: the divisors of the global batch up to the search's answer (untuned on a GPU: when the
-    proof of one fails, the next one down takes its place). Without a global batch: the search's
-    answer, proved by the search itself."""
+    proof of one fails, the next one down takes its place), and up to ``below`` when given.
+    Without a global batch: the search's answer, proved by the search itself."""
     if tune.global_batch is None:
         return [largest.batch_size]
+    top = largest.batch_size if below is None else min(below, largest.batch_size)
     return micro_batches(
-        tune.global_batch, largest.batch_size, multiple_of=largest.multiple_of, most=tune.global_batch
+        tune.global_batch, top, multiple_of=largest.multiple_of, most=tune.global_batch
     )  # every divisor: no more of them than the global batch
 
 
@@ -302,20 +305,24 @@ def _prove_descending(
     proofs: _Proofs,
     floor: tuple[str, int] | None = None,
     parallel: int = 1,
+    slots: threading.BoundedSemaphore | None = None,
+    below: int | None = None,
 ) -> None:
     """Prove one setting's micro-batches largest first, until ``tune.micro_batches`` of them fit
     or (inline, not a script) one ran slower than the one above it (``parallel`` > 1: that many
-    at once, :func:`_prove_side_by_side`). ``floor``: ``(twin, micro-batch)``, the
+    at once, :func:`_prove_side_by_side`, each taking one of ``slots`` when given: probes shared
+    with other settings proving meanwhile). ``floor``: ``(twin, micro-batch)``, the
     largest micro-batch the setting's twin without remat was proved to fit
-    (:func:`jaxfit.tune.space.plain_twin`): this one is proved only above it."""
+    (:func:`jaxfit.tune.space.plain_twin`): this one is proved only above it. ``below``: only
+    micro-batches up to this one (those above it were proved before)."""
     largest = searched.largest
     assert largest is not None
     if parallel > 1:
-        _prove_side_by_side(target, searched, options, tune, leader, progress, proofs, floor, parallel)
+        _prove_side_by_side(target, searched, options, tune, leader, progress, proofs, floor, parallel, slots, below)
         return
     rows: list[Row] = []
     proven = 0
-    for micro in _micro_batches_to_prove(tune, largest):
+    for micro in _micro_batches_to_prove(tune, largest, below):
         if proven >= tune.micro_batches:
             break
         if floor is not None and micro <= floor[1]:
@@ -361,13 +368,16 @@ def _prove_side_by_side(
     proofs: _Proofs,
     floor: tuple[str, int] | None,
     parallel: int,
+    slots: threading.BoundedSemaphore | None = None,
+    below: int | None = None,
 ) -> None:
     """:func:`_prove_descending` with ``parallel`` proofs at once (each a probe of the script of its
-    own): the largest ``tune.micro_batches`` micro-batches above ``floor`` start together, and one
-    that does not fit gives way to the next one down, as one at a time. Rows come largest first."""
+    own, holding one of ``slots`` when given): the largest ``tune.micro_batches`` micro-batches
+    above ``floor`` start together, and one that does not fit gives way to the next one down, as
+    one at a time. Rows come largest first."""
     largest = searched.largest
     assert largest is not None
-    micros = _micro_batches_to_prove(tune, largest)
+    micros = _micro_batches_to_prove(tune, largest, below)
     if floor is not None and any(m <= floor[1] for m in micros):
         notify(progress, "note", text=f"tune: {searched.setting.name}: {_floor_note(floor)}")
         above = [m for m in micros if m > floor[1]]
@@ -390,7 +400,7 @@ def _prove_side_by_side(
                 micro = waiting.pop(0)
                 context = contextvars.copy_context()
                 future = pool.submit(
-                    context.run, _prove_row, target, searched, micro, tune, options, leader, progress, True
+                    context.run, _prove_in_slot, slots, target, searched, micro, tune, options, leader, progress
                 )
                 running[future] = micro
 
@@ -420,6 +430,21 @@ def _prove_side_by_side(
             proofs.fits[(row.setting, row.micro_batch, row.accum_steps)] = fit
     if not done:
         proofs.rows.append(_no_divisor_row(target, searched, tune))
+
+
+def _prove_in_slot(
+    slots: threading.BoundedSemaphore | None,
+    target: Target,
+    searched: _Searched,
+    micro: int,
+    tune: TuneOptions,
+    options: FitOptions,
+    leader: _Leader,
+    progress: Progress | None,
+) -> tuple[Row, FitResult | None]:
+    """:func:`_prove_row` beside others, in one of ``slots`` (probes shared by settings) when given."""
+    with slots if slots is not None else contextlib.nullcontext():
+        return _prove_row(target, searched, micro, tune, options, leader, progress, True)
 
 
 def _prove_ranked(
