@@ -71,12 +71,14 @@ class TuneOptions:
         of one global batch) are timed one after another in one fresh process, each loaded in turn
         into the same training loop (:func:`jaxfit.tune.measure._measure_together`): one start-up
         a setting instead of one a row. False: a process for each.
-      parallel: A script measured in fresh processes: its settings' searches, and each setting's
-        proofs, run this many probes of the script at once (each a process of the script under the
-        fraction; on a GPU at most as many as 0.95 / fraction). 1: one at a time. Measured once on
-        an H200 (benchmarks/README.md section 35): the tune took 246.9 s instead of 376.4 s, and
-        its winner, proved beside two other autotuned compiles, ran 3.0 % below the plain run of
-        the same setting (one proved alone: 0.8 %).
+      parallel: A script's settings' searches, and then every setting's proofs in one wave, run
+        this many probes of the script at once (each a process of the script under the fraction;
+        on a GPU at most as many as 0.95 / fraction). Timed inline, each probe times its proof
+        alone on the GPU (:mod:`jaxfit.fit.gpu_turns`). 1: one at a time. Measured on an H200
+        (benchmarks/README.md section 35): with fresh-process measuring and 4, the tune took
+        246.9 s instead of 376.4 s, and its winner, proved beside two other autotuned compiles,
+        ran 3.0 % below the plain run of the same setting (one proved alone: 0.8 %); inline with
+        5, the five proofs took 94 s in one wave, each compile twice as long as three at once.
       rank_untuned: Experimental, GPU with ``measure="inline"`` and a global batch: run every
         micro-batch's untuned program (compiled by the search, accumulated to the global batch)
         a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best
