@@ -41,7 +41,7 @@ CALIBRATION_MARGIN = 0.03
 """A probe row scaled by its setting's calibration runs fresh unless this share below the best fresh rate."""
 
 MORE_AT_MOST = 3
-"""Of the probe rows that are not their setting's fastest, at most this many run in a fresh process."""
+"""Of the probe rows after the fastest, at most this many run in a fresh process."""
 
 
 class ProbeRow(Protocol):
