@@ -380,8 +380,7 @@ def test_a_schedule_starts_a_run_lost_with_its_node_again_without_spending_a_ret
     try:
         _join(cluster, joined)
         out = {"FAKE_TRAIN_OUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
-        # 10 s on the node that dies mid-run, 1 s on the one it starts again on
-        _queue(tmp_path, [_fake("far", "--sleep=10", "--later-sleep=1", fraction=0.6, env=out, retries=0)], gpus=2)
+        _queue(tmp_path, [_fake("far", "--sleep=10", fraction=0.6, env=out, retries=0)], gpus=2)
         schedule = subprocess.Popen(
             [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", "--gpus", "2", "--device-memory", "8GiB",
              "--grace", "2", "--monitor-interval", "0.2", "--quiet", "--backend", "ray", "--ray-address",
