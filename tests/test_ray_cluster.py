@@ -437,9 +437,7 @@ def test_a_node_that_joins_mid_queue_gets_work(cluster, tmp_path):
     gpus = _settled_gpus()
     names = [f"run-{i}" for i in range(gpus + 1)]
     out = {"FAKE_TRAIN_OUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
-    # 30 s a run: a node's start took over 20 s on a busy 2-core runner (the last run started 0.5 s
-    # after the first ended)
-    _queue(tmp_path, [_fake(n, "--sleep=30", fraction=0.6, env=out) for n in names])
+    _queue(tmp_path, [_fake(n, "--sleep=20", fraction=0.6, env=out) for n in names])
     schedule = subprocess.Popen(
         [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", "--gpus", "1", "--device-memory", "8GiB",
          "--grace", "2", "--monitor-interval", "0.2", "--backend", "ray", "--ray-address", cluster["address"],
