@@ -443,7 +443,7 @@ def _prove_in_one_wave(
             "note",
             text=f"tune: {w.setting.name}: its twin's proofs fit "
             + (f"micro-batch {proved[1]}" if proved else "none")
-            + f", less than its search's {w.floor[1]}: the micro-batches between are proved now",
+            + f", less than the {w.floor[1]} its search found: the micro-batches between are proved now",
         )
         w.proofs.rows = [r for r in w.proofs.rows if r.status != "cannot win"]
         _prove_descending(
