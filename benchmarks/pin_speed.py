@@ -29,8 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_tune import REPO, script_command, timed_point
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def row_arguments(description: str) -> argparse.ArgumentParser:
+    """The flags of one row of scripts/train.py (section 32's gpt_small question by default), for
+    this benchmark and benchmarks/probe_speed.py."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--out", required=True)
     p.add_argument("--config", default="gpt_small")
     p.add_argument("--precision", default="bfloat16")
@@ -38,9 +40,14 @@ def main() -> int:
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--accum", type=int, default=8)
     p.add_argument("--fraction", type=float, default=0.0706)
-    p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
+    return p
+
+
+def main() -> int:
+    p = row_arguments(__doc__.splitlines()[0])
+    p.add_argument("--pairs", type=int, default=3)
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

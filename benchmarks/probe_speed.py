@@ -22,7 +22,6 @@ Writes DIR/points.jsonl (each way as it ends) and prints a summary line per way.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,19 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_tune import script_command, timed_point
+from pin_speed import row_arguments
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--config", default="gpt_small")
-    p.add_argument("--precision", default="bfloat16")
-    p.add_argument("--remat", default="none")
-    p.add_argument("--global-batch", type=int, default=64)
-    p.add_argument("--accum", type=int, default=8)
-    p.add_argument("--fraction", type=float, default=0.0706)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5)
+    p = row_arguments(__doc__.splitlines()[0])
     p.add_argument("--xla-flags", default="", help="added to XLA_FLAGS of the probe and both runs")
     p.add_argument("--label", default="", help="names this variant in points.jsonl")
     p.add_argument("--ways", default="probe,pinned,plain", help="which of the three ways to time, in order")
