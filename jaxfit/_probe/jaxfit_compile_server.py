@@ -725,8 +725,6 @@ class Server:
         ``(look, seconds per sample)``: stop after ``look`` timed calls that took more than that
         times ``batch`` each on average (``stopped_early``). ``untuned``: the untuned program kept
         from a compile that asked for it instead (never compiled here). Never raises."""
-        import jax
-
         start = time.perf_counter()
         try:
             if self.concrete is None:
@@ -738,29 +736,16 @@ class Server:
                     raise RuntimeError("no untuned program of batch %d is kept" % batch)
             else:
                 (_, compiled, _), _ = self._training_program(batch)
-            args = list(self.concrete(batch))
-            times: "list[float]" = []
-            first = None
-            stopped = False
-            for i in range(warmup + steps):
-                t0 = time.perf_counter()
-                out = compiled(*args)
-                jax.block_until_ready(out)
-                elapsed = time.perf_counter() - t0
-                if i == 0:
-                    first = elapsed
-                if i >= warmup:
-                    times.append(elapsed)
-                    if give_up is not None and len(times) == int(give_up[0]) < steps:
-                        stopped = sum(times) / len(times) > float(give_up[1]) * batch
-                        if stopped:
-                            break
-                fed = _fed_back(args, out, self.donated)
-                if fed is None:  # the step returns no state in the donated one's place: fresh arguments
-                    del out
-                    args = list(self.concrete(batch))
-                else:
-                    args = fed
+            concrete = self.concrete
+            times, first, stopped, args = _run_steps(
+                compiled,
+                list(concrete(batch)),
+                self.donated,
+                warmup,
+                steps,
+                give_up=None if give_up is None else (int(give_up[0]), float(give_up[1]) * batch),
+                refill=lambda: list(concrete(batch)),
+            )
             variants = None
             if TIME_VARIANTS:
                 variants, args = _time_variants(compiled, args, self.donated, warmup, steps)
@@ -818,6 +803,50 @@ class Server:
                 self.send({"op": "error", "kind": "protocol", "message": "unknown op %r" % (op,)})
 
 
+def _run_steps(
+    program: Any,
+    args: "list",
+    donated: "tuple",
+    warmup: int,
+    steps: int,
+    give_up: "Optional[tuple[int, float]]" = None,
+    refill: "Optional[Callable[[], list]]" = None,
+) -> "tuple[list[float], Optional[float], bool, list]":
+    """Call ``program`` ``warmup`` times untimed and ``steps`` times timed, each waited for, feeding
+    the donated arguments back from the outputs as a training loop does (``refill()``: fresh
+    arguments where the step returns no state in the donated one's place; without it, an error).
+    ``give_up`` ``(look, seconds)``: stop after ``look`` timed calls that took more than
+    ``seconds`` each on average. Returns the timed seconds, the first call's seconds, whether it
+    stopped early, and the arguments the last call left."""
+    import jax
+
+    times: "list[float]" = []
+    first = None
+    stopped = False
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        out = program(*args)
+        jax.block_until_ready(out)
+        elapsed = time.perf_counter() - t0
+        if i == 0:
+            first = elapsed
+        if i >= warmup:
+            times.append(elapsed)
+            if give_up is not None and len(times) == give_up[0] < steps:
+                stopped = sum(times) / len(times) > give_up[1]
+                if stopped:
+                    break
+        fed = _fed_back(args, out, donated)
+        if fed is None:
+            if refill is None:
+                raise RuntimeError("the step returns no state in the donated one's place")
+            del out
+            args = refill()
+        else:
+            args = fed
+    return times, first, stopped, args
+
+
 TIME_VARIANTS = [v for v in os.environ.get("JAXFIT_TIME_VARIANTS", "").split(",") if v.strip()]
 """Diagnostics only (benchmarks/probe_speed.py): after a timing, time the same program again in
 these ways, each reported under ``variants`` (its step seconds, or its error): ``again``, the
@@ -838,17 +867,7 @@ def _time_variants(
     current = {"args": list(args)}
 
     def loop(program: Any) -> "list[float]":
-        times: "list[float]" = []
-        for i in range(warmup + steps):
-            t0 = time.perf_counter()
-            out = program(*current["args"])
-            jax.block_until_ready(out)
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-            fed = _fed_back(current["args"], out, donated)
-            if fed is None:
-                raise RuntimeError("the step returns no state in the donated one's place")
-            current["args"] = fed
+        times, _first, _stopped, current["args"] = _run_steps(program, current["args"], donated, warmup, steps)
         return times
 
     results: Dict[str, Any] = {}

@@ -108,6 +108,17 @@ def _twin_floor(setting: Setting, proofs: _Proofs) -> tuple[str, int] | None:
     return (twin, max(fitted)) if twin is not None and fitted else None
 
 
+def _whole_batch_row(target: Target, setting: Setting, floor: tuple[str, int], progress: Progress | None) -> Row:
+    """The ``cannot win`` row of a remat setting whose twin fits ``floor[1]``, the whole global
+    batch at once: nothing is left to search (the progress says so too)."""
+    why = (
+        f"{floor[0]} fits micro-batch {floor[1]}, the whole global batch, and at a "
+        "micro-batch remat only adds work: not searched"
+    )
+    notify(progress, "note", text=f"tune: {setting.name}: {why}")
+    return _row(target, setting, floor[1], 1, status="cannot win", note=why)
+
+
 def tune(
     target: Target,
     settings: Sequence[Setting],
@@ -167,13 +178,7 @@ def tune(
                     for setting in sorted(settings, key=lambda s: s.remat):
                         floor = _twin_floor(setting, proofs)
                         if floor is not None and tuning.global_batch is not None and floor[1] >= tuning.global_batch:
-                            # its twin fits the whole global batch at once: nothing is left to search
-                            why = (
-                                f"{floor[0]} fits micro-batch {floor[1]}, the whole global batch, and at a "
-                                "micro-batch remat only adds work: not searched"
-                            )
-                            notify(progress, "note", text=f"tune: {setting.name}: {why}")
-                            proofs.rows.append(_row(target, setting, floor[1], 1, status="cannot win", note=why))
+                            proofs.rows.append(_whole_batch_row(target, setting, floor, progress))
                             continue
                         searched = early.get(setting.name) or _search_setting(
                             target, setting, options, tuning, proving, progress
@@ -430,13 +435,8 @@ def _prove_in_one_wave(
             continue
         proved = _twin_floor(w.setting, fitted)  # what the twin's autotuned proofs fit
         if proved is not None and proved[1] >= w.floor[1]:
-            if w.cannot_win:  # the twin holds the whole global batch: nothing is left to search
-                why = (
-                    f"{proved[0]} fits micro-batch {proved[1]}, the whole global batch, and at a "
-                    "micro-batch remat only adds work: not searched"
-                )
-                notify(progress, "note", text=f"tune: {w.setting.name}: {why}")
-                w.proofs.rows = [_row(target, w.setting, proved[1], 1, status="cannot win", note=why)]
+            if w.cannot_win:
+                w.proofs.rows = [_whole_batch_row(target, w.setting, proved, progress)]
             continue
         notify(
             progress,
