@@ -24,3 +24,17 @@ bench_side() {
     python3 benchmarks/bench_tune.py "${BENCH_COMMON[@]}" --out "$OUT/$name" "$@" >"$OUT/$name/bench.log" 2>&1
   echo "$name exit $? after $SECONDS s" | tee -a "$OUT/sides.txt"
 }
+
+# probe_side LABEL ARGS...: one run of `python3 benchmarks/probe_speed.py --out $OUT/probe --label
+# LABEL ARGS...` within the call's LIMIT (seconds since the script started), its output in
+# $OUT/LABEL.log and its summary lines printed; skipped with under 80 s left; its exit is appended
+# to $OUT/sides.txt.
+probe_side() {
+  local label=$1 left=$((LIMIT - SECONDS))
+  shift
+  if [ "$left" -lt 80 ]; then echo "$label skipped: $left s left" | tee -a "$OUT/sides.txt"; return; fi
+  timeout --signal=TERM --kill-after=10 "$left" python3 benchmarks/probe_speed.py --out "$OUT/probe" \
+    --label "$label" "$@" >"$OUT/$label.log" 2>&1
+  echo "$label exit $? after $SECONDS s" | tee -a "$OUT/sides.txt"
+  grep -E "^$label " "$OUT/$label.log"
+}

@@ -45,6 +45,27 @@ def row_arguments(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def fresh_point(command: list[str], args: argparse.Namespace, pinned_env: dict | None, report: Path) -> dict:
+    """:func:`bench_tune.timed_point` of ``command`` at ``args.global_batch``: plain, or with
+    ``pinned_env`` (the fit's ``JAXFIT_PIN*``) running the proof's program, its pin report written
+    to ``report`` and its ``program_pinned`` (None without a report) in the point. The
+    environment is restored after."""
+    saved = {k: os.environ.get(k) for k in [*(pinned_env or {}), "JAXFIT_PIN_REPORT"]}
+    if pinned_env is not None:
+        os.environ.update(pinned_env, JAXFIT_PIN_REPORT=str(report))
+    try:
+        point = timed_point(command, args.global_batch, args.fraction, args.warmup, args.steps)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if pinned_env is not None:  # whether the run really ran the proof's program
+        point["program_pinned"] = json.loads(report.read_text()).get("program_pinned") if report.exists() else None
+    return point
+
+
 def main() -> int:
     p = row_arguments(__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=3)
@@ -71,21 +92,8 @@ def main() -> int:
     rates: dict[str, list[float]] = {"plain": [], "pinned": []}
     for pair in range(args.pairs):
         for kind in ("plain", "pinned") if pair % 2 == 0 else ("pinned", "plain"):
-            saved = {k: os.environ.get(k) for k in pinned_env}
             report = out / f"pin-report-{pair}-{kind}.json"
-            if kind == "pinned":
-                os.environ.update(pinned_env, JAXFIT_PIN_REPORT=str(report))
-            try:
-                point = timed_point(batch_cmd, args.global_batch, args.fraction, args.warmup, args.steps)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-                os.environ.pop("JAXFIT_PIN_REPORT", None)
-            if kind == "pinned" and report.exists():
-                point["program_pinned"] = json.loads(report.read_text()).get("program_pinned")
+            point = fresh_point(batch_cmd, args, pinned_env if kind == "pinned" else None, report)
             point.update(kind=kind, pair=pair)
             with (out / "points.jsonl").open("a") as f:
                 f.write(json.dumps(point) + "\n")

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tune import script_command, timed_point
-from pin_speed import row_arguments
+from bench_tune import script_command
+from pin_speed import fresh_point, row_arguments
 
 
 def main() -> int:
@@ -101,23 +101,9 @@ def main() -> int:
     record("probe", point)
     pinned_env = {k: v for k, v in fit.run_env().items() if k.startswith("JAXFIT_PIN")}
     batch_cmd = [*command, f"--batch-size={g}"]
+    report = out / f"pin-report-{label}.json".replace("/", "_")
     for way in [w for w in ways if w != "probe"]:
-        saved = {k: os.environ.get(k) for k in pinned_env}
-        report = out / f"pin-report-{label}.json".replace("/", "_")
-        if way == "pinned":
-            os.environ.update(pinned_env, JAXFIT_PIN_REPORT=str(report))
-        try:
-            point = timed_point(batch_cmd, g, args.fraction, args.warmup, args.steps)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            os.environ.pop("JAXFIT_PIN_REPORT", None)
-        if way == "pinned":  # whether the run really ran the proof's program
-            point["program_pinned"] = json.loads(report.read_text()).get("program_pinned") if report.exists() else None
-        record(way, point)
+        record(way, fresh_point(batch_cmd, args, pinned_env if way == "pinned" else None, report))
     return 0
 
 

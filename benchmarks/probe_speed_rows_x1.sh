@@ -9,18 +9,9 @@ set -uo pipefail
 FINAL=${OUT:-/tmp/probe-speed-rows}
 LIMIT=${LIMIT_S:-400}
 OUT=/tmp/probe-speed-rows-sides
-. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
+. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt, probe_side
 mkdir -p "$FINAL"
-row() {  # row LABEL ARGS...: one run of probe_speed.py within the call's limit
-  local label=$1 left=$((LIMIT - SECONDS))
-  shift
-  if [ "$left" -lt 80 ]; then echo "$label skipped: $left s left" | tee -a "$OUT/sides.txt"; return; fi
-  timeout --signal=TERM --kill-after=10 "$left" python3 benchmarks/probe_speed.py --out "$OUT/probe" \
-    --label "$label" --ways probe,pinned "$@" >"$OUT/$label.log" 2>&1
-  echo "$label exit $? after $SECONDS s" | tee -a "$OUT/sides.txt"
-  grep -E "^$label " "$OUT/$label.log"
-}
-row none-8x8 --remat none --accum 8 --variants zeros,again
-row none-4x16 --remat none --accum 16
-row full-16x4 --remat full --accum 4
+probe_side none-8x8 --ways probe,pinned --remat none --accum 8 --variants zeros,again
+probe_side none-4x16 --ways probe,pinned --remat none --accum 16
+probe_side full-16x4 --ways probe,pinned --remat full --accum 4
 (cd "$OUT" && tar -czf "$FINAL/all.tgz" .)

@@ -13,18 +13,9 @@ set -uo pipefail
 FINAL=${OUT:-/tmp/probe-speed-x1}
 LIMIT=${LIMIT_S:-540}
 OUT=/tmp/probe-speed-x1-sides
-. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt
+. "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt, probe_side
 mkdir -p "$FINAL"
-variant() {  # variant LABEL ARGS...: one run of probe_speed.py within the call's limit
-  local label=$1 left=$((LIMIT - SECONDS))
-  shift
-  if [ "$left" -lt 80 ]; then echo "$label skipped: $left s left" | tee -a "$OUT/sides.txt"; return; fi
-  timeout --signal=TERM --kill-after=10 "$left" python3 benchmarks/probe_speed.py --out "$OUT/probe" \
-    --label "$label" "$@" >"$OUT/$label.log" 2>&1
-  echo "$label exit $? after $SECONDS s" | tee -a "$OUT/sides.txt"
-  grep -E "^$label " "$OUT/$label.log"
-}
-variant pressure --ways probe,pinned --variants again,reload,thread,noise
-variant roomy --fraction 0.5 --ways probe,plain --variants again,reload
-variant no-graphs --ways probe,plain --xla-flags=--xla_gpu_enable_command_buffer=
+probe_side pressure --ways probe,pinned --variants again,reload,thread,noise
+probe_side roomy --fraction 0.5 --ways probe,plain --variants again,reload
+probe_side no-graphs --ways probe,plain --xla-flags=--xla_gpu_enable_command_buffer=
 (cd "$OUT" && tar -czf "$FINAL/all.tgz" .)
