@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,61 @@ def test_the_hook_loads_each_proven_program_in_turn_and_refuses_one_of_other_arg
     assert pinned["program_pinned"] is True and [d["program_pinned"] for d in pinned["shapes"]] == [True, True]
 
 
+def test_a_process_on_standby_waits_at_its_first_step_then_measures_the_pin_it_is_given(tmp_path, run_cli):
+    """``$JAXFIT_MEASURE_WAIT``: mini_train.py starts before its pin exists and waits at its first
+    step call (no step runs: no report); the orders name the pin and it runs it, pinned, timed. A
+    second process told to stop ends with code 0, its step never run."""
+    pin = _pin(run_cli, tmp_path, "a.json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_")}
+    env.update(
+        PYTHONPATH=str(REPO / "jaxfit" / "_probe"),
+        JAXFIT_MEASURE="1,2",
+        JAXFIT_MEASURE_STEP_NAME="train_step",
+        XLA_PYTHON_CLIENT_MEM_FRACTION="0.5",
+    )
+    procs = {}
+    for name in ("go", "stop"):
+        folder = tmp_path / name
+        folder.mkdir()
+        env.update(
+            JAXFIT_MEASURE_WAIT=str(folder / "orders.json"),
+            JAXFIT_MEASURE_REPORT=str(folder / "measure.json"),
+            JAXFIT_PIN_REPORT=str(folder / "pin.json"),
+        )
+        with open(folder / "out.txt", "w") as out, open(folder / "err.txt", "w") as err:
+            procs[name] = subprocess.Popen(
+                [sys.executable, MINI, "--steps", "20", "--print-norm"], env=dict(env), cwd=tmp_path, stdout=out,
+                stderr=err,
+            )  # fmt: skip
+
+    def said(name: str) -> str:
+        return (tmp_path / name / "err.txt").read_text()
+
+    try:
+        deadline = time.monotonic() + 120
+        while not all("waiting for orders" in said(n) for n in procs):  # both reached their first step call
+            assert all(p.poll() is None for p in procs.values()), [said(n)[-2000:] for n in procs]
+            assert time.monotonic() < deadline, [said(n)[-2000:] for n in procs]
+            time.sleep(0.2)
+        time.sleep(1)
+        assert all(p.poll() is None for p in procs.values())  # still waiting: no step ran, no report
+        assert not (tmp_path / "go" / "measure.json").exists()
+        (tmp_path / "go" / "orders.json").write_text(json.dumps({"env": {"JAXFIT_PIN": pin}}))
+        (tmp_path / "stop" / "orders.json").write_text(json.dumps({"stop": True, "why": "not needed"}))
+        assert procs["go"].wait(timeout=120) == 0, said("go")[-3000:]
+        assert "has its orders" in said("go") and "runs the program jaxfit proved" in said("go")
+        report = json.loads((tmp_path / "go" / "measure.json").read_text())
+        assert len(report["step_seconds"]) == 2
+        assert json.loads((tmp_path / "go" / "pin.json").read_text())["program_pinned"] is True
+        assert procs["stop"].wait(timeout=60) == 0 and "ends before its first step: not needed" in said("stop")
+        out = (tmp_path / "stop" / "out.txt").read_text()
+        assert not [line for line in out.splitlines() if line.startswith("norm ")], out  # no step ran
+        assert not (tmp_path / "stop" / "measure.json").exists()
+    finally:
+        for proc in procs.values():
+            proc.kill()
+
+
 def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli):
     """train.py debug, global batch 4 at 2 x 2 and 1 x 4: both rows come from one fresh process
     (measured_together 2), each with its own times. With --parallel 2 both settings' searches ran
@@ -93,7 +149,12 @@ def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli)
     assert result["phase_seconds"]["search"] > 0 and result["phase_seconds"]["prove"] > 0
     assert all(r["measured_together"] == 2 and r["measured_in"] == "process" for r in rows), rows
     assert rows[0]["step_seconds"] != rows[1]["step_seconds"]
-    assert "in one process" in " ".join(proc.stderr.split())  # the progress, wrapped
+    said = " ".join(proc.stderr.split())  # the progress, wrapped
+    assert "in one process" in said
+    # the process that measured them started on standby as soon as the search answered (2 x 2, the
+    # first proved), and waited beside the proofs
+    assert "--remat=none at 2 x 2 starts up on standby" in said, said[-3000:]
+    assert all(r["standby_seconds"] > 0 for r in rows), rows
 
 
 def test_parallel_probes_that_cannot_start_side_by_side_are_searched_again_alone(tmp_path, run_cli):
@@ -139,3 +200,4 @@ def test_an_inline_tune_proves_every_setting_in_one_wave_and_confirms_the_fastes
     fastest = max(rows, key=lambda r: r["inline_samples_per_second"] or r["samples_per_second"])
     assert fastest in fresh and len(fresh) in (1, 2), rows
     assert result["best"]["measured_in"] == "process"
+    assert all(r["standby_seconds"] for r in fresh), rows  # each started on standby beside the proofs

@@ -24,6 +24,15 @@ for all of them instead of one each. With ``$JAXFIT_MEASURE_DROP_MARGIN`` as ``L
 program whose first ``LOOK`` timed steps are more than ``MARGIN`` slower than the fastest program
 timed before it in this process stops there (successive halving inside the process). The report's
 ``programs`` lists each program's times (its top-level fields stay the first program's).
+**A process on standby.** With ``$JAXFIT_MEASURE_WAIT`` naming a file that does not exist yet,
+the process starts while the programs it will time are still being proven: it imports, builds
+its state and reaches the first call of its train step, then waits there (:class:`Standby`) until
+the file appears. The file is a JSON object of the environment variables above that the process
+could not be given at its start (``JAXFIT_PIN``, ``$JAXFIT_MEASURE_PROGRAMS``, the give-up test,
+the deadline), which are set before the step is built as it would have been, or ``{"stop": true}``:
+the process ends at once, having run nothing. It ends too when its parent is gone or after
+``$JAXFIT_MEASURE_WAIT_SECONDS`` (default :data:`WAIT_SECONDS`) without orders. The start-up is
+then paid while the tune proves, not after it.
 Standard library + jax only (it runs in the script's environment).
 """
 
@@ -43,6 +52,10 @@ INPUT_ENV = "JAXFIT_MEASURE_INPUT"
 PROGRAMS_ENV = "JAXFIT_MEASURE_PROGRAMS"
 MARGIN_ENV = "JAXFIT_MEASURE_DROP_MARGIN"
 DEADLINE_ENV = "JAXFIT_MEASURE_DEADLINE"
+WAIT_ENV = "JAXFIT_MEASURE_WAIT"
+WAIT_SECONDS_ENV = "JAXFIT_MEASURE_WAIT_SECONDS"
+WAIT_SECONDS = 3600.0
+"""How long a process on standby waits for its orders by default before it ends."""
 BUDGET_SPENT = "the tune's --budget was spent before it"
 """The ``error`` of a program not loaded because ``$JAXFIT_MEASURE_DEADLINE`` (a Unix time) passed."""
 
@@ -307,3 +320,71 @@ class MeasuredStep:
             with open(tmp, "w") as f:
                 json.dump(report, f)
             os.replace(tmp, self._report_path)
+
+
+def wait_for_orders(path: str, limit: float, poll: float = 0.05) -> "Dict[str, str]":
+    """The environment variables in the orders file at ``path`` once it exists; the process ends
+    here (exit 0, nothing run) on ``{"stop": true}``, when its parent is gone, or after ``limit``
+    seconds without orders."""
+    parent = os.getppid()
+    give_up_at = time.monotonic() + limit
+    print("jaxfit: on standby at the first call of the train step, waiting for orders", file=sys.stderr, flush=True)
+    while True:
+        try:
+            with open(path) as f:
+                orders = json.load(f)
+        except FileNotFoundError:
+            orders = None
+        except ValueError:  # written whole by os.replace: an unreadable file is not jaxfit's; stop
+            orders = {"stop": True, "why": "its orders file %s is not JSON" % path}
+        if orders is not None:
+            if orders.get("stop"):
+                _end_waiting(str(orders.get("why") or "told to stop"))
+            return {str(k): str(v) for k, v in dict(orders.get("env") or {}).items()}
+        if os.getppid() != parent:
+            _end_waiting("the process that started it is gone")
+        if time.monotonic() > give_up_at:
+            _end_waiting("no orders came in %g s" % limit)
+        time.sleep(poll)
+
+
+def _end_waiting(why: str) -> None:
+    print("jaxfit: the process on standby ends before its first step: %s" % why, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+class Standby:
+    """Stands in for the train step of a process started before its programs were proven (module
+    docstring): its first call waits for the orders, sets them in the environment and builds the
+    step with ``build()`` (the pinned, measured step the process would have had), then every call
+    goes to that step."""
+
+    def __init__(self, jitted: Any, orders_path: str, build: Any) -> None:
+        self._jitted = jitted
+        self._path = orders_path
+        self._build = build
+        self._step: Any = None
+        self._lock = threading.Lock()
+        try:
+            import functools
+
+            functools.update_wrapper(self, jitted, updated=())
+        except (AttributeError, TypeError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._jitted if self._step is None else self._step, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            if self._step is None:
+                import jax
+
+                if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+                    return self._jitted(*args, **kwargs)  # traced inside another function: not the loop's call
+                text = os.environ.get(WAIT_SECONDS_ENV)
+                os.environ.update(wait_for_orders(self._path, float(text) if text else WAIT_SECONDS))
+                print("jaxfit: the process on standby has its orders", file=sys.stderr, flush=True)
+                self._step = self._build()
+        return self._step(*args, **kwargs)

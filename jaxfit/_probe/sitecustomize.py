@@ -50,6 +50,7 @@ STEP_AUTO = os.environ.get("JAXFIT_PROBE_STEP_AUTO") == "1"
 PIN = os.environ.get("JAXFIT_PIN")
 POOL = os.environ.get("JAXFIT_POOL_BYTES")
 MEASURE = os.environ.get("JAXFIT_MEASURE")
+STANDBY = os.environ.get("JAXFIT_MEASURE_WAIT")
 WANDB_CONFIG = os.environ.get("JAXFIT_WANDB_CONFIG")
 HELP_CHECK = os.environ.get("JAXFIT_HELP_CHECK") == "1"
 HELP_CHECK_EXIT = 97
@@ -446,34 +447,46 @@ def _patch_jax(jax_module: Any) -> None:
         if not run_step:
             return jitted
         if name != run_step:
-            if PIN:  # a train step that is not the pinned one must not train unchecked
+            if PIN or STANDBY:  # a train step that is not the pinned one must not train unchecked
                 import jaxfit_pin
 
                 return jaxfit_pin.OtherFunction(jitted, fun, kwargs, run_step, _claim)
             return jitted
-        step = jitted
-        if PIN:
-            import jaxfit_pin
-
-            step = jaxfit_pin.PinnedStep(jitted, PIN, os.environ.get(jaxfit_pin.REPORT_ENV), fun, kwargs)
-        if MEASURE:
+        if STANDBY and MEASURE:  # started before its program was proven: told at its first step call
             import jaxfit_measure
 
-            warmup, steps = jaxfit_measure.plan() or (1, 1)
-            step = jaxfit_measure.MeasuredStep(
-                step,
-                warmup,
-                steps,
-                os.environ.get(jaxfit_measure.REPORT_ENV),
-                jaxfit_measure.give_up(),
-                jaxfit_measure.input_steps(),
-                jaxfit_measure.programs(),
-                jaxfit_measure.drop_margin(),
-                jaxfit_measure.deadline(),
+            return jaxfit_measure.Standby(
+                jitted, STANDBY, lambda: _run_step(jitted, fun, kwargs, os.environ.get("JAXFIT_PIN"))
             )
-        return step
+        return _run_step(jitted, fun, kwargs, PIN)
 
     _replace_jit(jax_module, choose)
+
+
+def _run_step(jitted: Any, fun: Any, kwargs: "dict[str, Any]", pin: "str | None") -> Any:
+    """The train step as the process runs it: the program of ``pin`` (else its own compile), timed
+    when ``jaxfit tune`` measures (``$JAXFIT_MEASURE``)."""
+    step = jitted
+    if pin:
+        import jaxfit_pin
+
+        step = jaxfit_pin.PinnedStep(jitted, pin, os.environ.get(jaxfit_pin.REPORT_ENV), fun, kwargs)
+    if os.environ.get("JAXFIT_MEASURE"):
+        import jaxfit_measure
+
+        warmup, steps = jaxfit_measure.plan() or (1, 1)
+        step = jaxfit_measure.MeasuredStep(
+            step,
+            warmup,
+            steps,
+            os.environ.get(jaxfit_measure.REPORT_ENV),
+            jaxfit_measure.give_up(),
+            jaxfit_measure.input_steps(),
+            jaxfit_measure.programs(),
+            jaxfit_measure.drop_margin(),
+            jaxfit_measure.deadline(),
+        )
+    return step
 
 
 def _replace_jit(jax_module: Any, choose: Any) -> None:

@@ -64,8 +64,18 @@ from jaxfit.tune.confirm import Calibration, fastest_first
 from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measure_together, _measurements
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
-from jaxfit.tune.prove import _Proofs, _prove_descending, _prove_ranked, _ranks, _row, _search_setting, _Searched
+from jaxfit.tune.prove import (
+    _micro_batches_to_prove,
+    _Proofs,
+    _prove_descending,
+    _prove_ranked,
+    _ranks,
+    _row,
+    _search_setting,
+    _Searched,
+)
 from jaxfit.tune.space import Setting, plain_twin, upper_bound_samples_per_second
+from jaxfit.tune.standby import Standbys, allowed
 
 __all__ = [
     "DROP_MARGIN",
@@ -155,7 +165,9 @@ def tune(
     # Timed where they are proved: the compile process holds its whole pool from the start, as
     # the training process would (a pool that grows can fail a program that fits).
     preallocate = tuning.measure == "inline" and cuda_total_bytes() is not None
-    with context:
+    parallel = _probes_at_once(target, tuning, options)
+    standbys = Standbys(target, tuning, allowed(target, tuning, fraction, parallel, len(settings)), progress)
+    with context, contextlib.closing(standbys):
         with shared_compile_process(preallocate=preallocate):  # one compile process for every setting and accumulation
             proofs, searches = _Proofs(), []
             early: dict[str, _Searched] = {}
@@ -167,11 +179,12 @@ def tune(
             else:  # setting by setting, so that each is timed against the best of those before it
                 # (those without remat first: a remat setting is then proved only at micro-batches
                 # its twin without remat cannot hold, where it can be the faster)
-                parallel = _probes_at_once(target, tuning, options)
                 began = time.perf_counter()
                 early = _search_side_by_side(target, settings, options, tuning, proving, progress, parallel)
                 early_seconds = time.perf_counter() - began if early else 0.0
                 if parallel > 1 and len(early) == len(settings) > 1:  # every setting's proofs side by side
+                    for setting in sorted(settings, key=lambda s: s.remat):
+                        _start_standby(standbys, tuning, early[setting.name], _search_floor(setting, early))
                     _prove_in_one_wave(target, settings, early, options, tuning, proving, progress, proofs, parallel)
                     searches = [early[s.name] for s in settings]
                 else:
@@ -185,6 +198,7 @@ def tune(
                         )
                         searches.append(searched)
                         proofs.rows += searched.rows
+                        _start_standby(standbys, tuning, searched, floor)
                         if searched.largest is not None:
                             _prove_descending(
                                 target, searched, options, tuning, proving, progress, proofs, floor, parallel
@@ -258,7 +272,7 @@ def tune(
                 deadline = None
                 if tuning.budget_seconds is not None:  # no program of the group starts after it
                     deadline = time.time() + tuning.budget_seconds - (time.perf_counter() - measuring)
-                _measure_fresh(target, by_name, group, fits, tuning, store, leader.give_up(), deadline)
+                _measure_fresh(target, by_name, group, fits, tuning, store, leader.give_up(), deadline, standbys)
                 for done in group:
                     leader.record(done)
                     if done.samples_per_second:
@@ -274,7 +288,7 @@ def tune(
                             ),
                         )
             if script_inline:
-                _confirm_in_fresh_processes(target, by_name, rows, fits, tuning, store, progress)
+                _confirm_in_fresh_processes(target, by_name, rows, fits, tuning, store, progress, standbys)
         finally:
             if store is not None:
                 store.close()
@@ -333,6 +347,25 @@ def _probes_at_once(target: Target, tuning: TuneOptions, options: FitOptions) ->
     if cuda_total_bytes() is None:
         return tuning.parallel
     return max(1, min(tuning.parallel, int(0.95 / options.resolved_fraction())))
+
+
+def _search_floor(setting: Setting, early: Mapping[str, _Searched]) -> tuple[str, int] | None:
+    """``(twin, micro-batch)``: the search answer of ``setting``'s twin without remat, above which
+    it is proved in one wave (None: no twin, or its search fitted none)."""
+    twin = plain_twin(setting)
+    twin_search = early.get(twin) if twin is not None else None
+    return (twin, twin_search.largest.batch_size) if twin and twin_search and twin_search.largest else None
+
+
+def _start_standby(standbys: Standbys, tuning: TuneOptions, searched: _Searched, floor: tuple[str, int] | None) -> None:
+    """Start the measuring process of the micro-batch ``searched``'s setting proves first (the
+    largest to prove above ``floor``), to wait on standby (:mod:`jaxfit.tune.standby`)."""
+    if searched.largest is None:
+        return
+    first = next((m for m in _micro_batches_to_prove(tuning, searched.largest) if floor is None or m > floor[1]), None)
+    if first is not None:
+        accum = (tuning.global_batch or first) // first
+        standbys.start(searched.setting, first, accum, searched.largest)
 
 
 def _search_side_by_side(
@@ -403,9 +436,7 @@ def _prove_in_one_wave(
     waves: list[_Wave] = []
     for setting in sorted(settings, key=lambda s: s.remat):
         searched = early[setting.name]
-        twin = plain_twin(setting)
-        twin_search = early.get(twin) if twin is not None else None
-        floor = (twin, twin_search.largest.batch_size) if twin and twin_search and twin_search.largest else None
+        floor = _search_floor(setting, early)
         whole = floor is not None and tuning.global_batch is not None and floor[1] >= tuning.global_batch
         waves.append(_Wave(setting, searched, floor, whole, _Proofs(rows=list(searched.rows))))
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(waves)) as pool:
@@ -463,17 +494,25 @@ def _measure_fresh(
     store: JsonStore | None,
     give_up: tuple[int, float] | None,
     deadline: float | None = None,
+    standbys: Standbys | None = None,
 ) -> None:
     """Measure ``rows`` (one setting's) in a fresh training process running their pinned programs,
     one after another when there are several (:func:`jaxfit.tune.measure._measure_together`;
     ``give_up``: :meth:`_Leader.give_up`, as :func:`jaxfit.tune.measure._measure` takes it) and
-    apply each to its row, with the note of an input that was asked for and not timed."""
+    apply each to its row, with the note of an input that was asked for and not timed. A process
+    on standby for one of the rows (:mod:`jaxfit.tune.standby`) measures it first."""
+    waiting = None
+    for i, r in enumerate(rows):
+        waiting = standbys.take(r.setting, r.micro_batch, r.accum_steps) if standbys is not None else None
+        if waiting is not None:
+            rows = [r, *rows[:i], *rows[i + 1 :]]
+            break
     setting = by_name[rows[0].setting]
     proofs = [fits[(r.setting, r.micro_batch, r.accum_steps)] for r in rows]
     if len(rows) == 1:
-        results = [_measure(target, setting, rows[0], proofs[0], tuning, store, give_up)]
+        results = [_measure(target, setting, rows[0], proofs[0], tuning, store, give_up, waiting)]
     else:
-        results = _measure_together(target, setting, rows, proofs, tuning, store, give_up, deadline)
+        results = _measure_together(target, setting, rows, proofs, tuning, store, give_up, deadline, waiting)
     for row, measured in zip(rows, results, strict=True):
         if measured.get("budget_spent"):
             row.status, row.note = "budget spent", f"--budget {tuning.budget_seconds:g} s of measuring was spent"
@@ -482,6 +521,8 @@ def _measure_fresh(
         row.measured_in = "process"
         if measured.get("together"):
             row.measured_together = int(measured["together"])
+        if measured.get("standby_seconds") is not None:
+            row.standby_seconds = float(measured["standby_seconds"])
         row.note = row.note or _input_unmeasured_note(row, tuning) or ""
 
 
@@ -493,6 +534,7 @@ def _confirm_in_fresh_processes(
     tuning: TuneOptions,
     store: JsonStore | None,
     progress: Progress | None,
+    standbys: Standbys | None = None,
 ) -> None:
     """A script tuned with ``--measure inline`` had each proof timed in its probe: the step alone,
     in a probe process of its own. What trains is the script's loop, its input pipeline included,
@@ -511,7 +553,7 @@ def _confirm_in_fresh_processes(
             text=f"tune: measuring {row.setting} at {row.micro_batch} x {row.accum_steps} in a fresh process "
             f"of the script (its step alone ran {rate:.1f} samples/s in the probe)",
         )
-        _measure_fresh(target, by_name, [row], fits, tuning, store, None)
+        _measure_fresh(target, by_name, [row], fits, tuning, store, None, None, standbys)
         row.inline_samples_per_second = rate
         row.note = row.note or f"its step alone ran {rate:.1f} samples/s in the probe"
         if row.status == "measured" and row.samples_per_second:

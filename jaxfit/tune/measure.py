@@ -15,9 +15,10 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from jaxfit._probe.jaxfit_measure import BUDGET_SPENT
+from jaxfit._probe.jaxfit_pin import REPORT_ENV
 from jaxfit.fit import FitOptions, FitResult
 from jaxfit.fit.answers import device_identity
 from jaxfit.fit.budget import set_fraction
@@ -30,6 +31,9 @@ from jaxfit.fit.pin import Pin, hook_environment, pool_environment
 from jaxfit.tune.model import Row, Target, TuneOptions
 from jaxfit.tune.space import Setting
 from jaxfit.versions import jax_version, jaxfit_version
+
+if TYPE_CHECKING:
+    from jaxfit.tune.standby import Standby
 
 # -- measuring ------------------------------------------------------------------------------------
 
@@ -60,9 +64,11 @@ def _measure(
     tune: TuneOptions,
     cache: JsonStore | None,
     give_up: tuple[int, float] | None = None,
+    standby: Standby | None = None,
 ) -> dict[str, Any]:
-    """Run the candidate in a fresh process with its pinned program; what the hook measured
-    (``give_up``: :meth:`_Leader.give_up`, a candidate clearly slower is stopped after its look).
+    """Run the candidate in a fresh process with its pinned program (``standby``'s, when it waits
+    for this row); what the hook measured (``give_up``: :meth:`_Leader.give_up`, a candidate
+    clearly slower is stopped after its look).
 
     What a script's start-up creates in its folder and holds no data is removed after each run, so
     the next one starts as this one did (a checkpoint folder would otherwise stop it)."""
@@ -72,7 +78,7 @@ def _measure(
         hit = cache.get(key)
         if hit is not None:
             return dict(hit, cached=True)
-    measured = _measure_in_a_folder(target, fit, tune, command, give_up, row.global_batch)
+    measured = _measure_in_a_folder(target, fit, tune, command, give_up, row.global_batch, standby=standby)
     _keep_whole(cache, key, measured)
     return dict(measured, cached=False)
 
@@ -80,7 +86,7 @@ def _measure(
 def _keep_whole(cache: JsonStore | None, key: str | None, measured: Mapping[str, Any]) -> None:
     """Cache a whole measurement (its steps timed, not stopped early) under ``key``."""
     if cache is not None and key is not None and measured.get("step_seconds") and not measured.get("stopped_early"):
-        cache.put(key, {k: v for k, v in measured.items() if k != "cached"})
+        cache.put(key, {k: v for k, v in measured.items() if k not in ("cached", "standby_seconds")})
 
 
 def _measure_in_a_folder(
@@ -92,12 +98,18 @@ def _measure_in_a_folder(
     global_batch: int,
     more: Sequence[str] = (),
     deadline: float | None = None,
+    standby: Standby | None = None,
 ) -> dict[str, Any]:
     """:func:`_measure_in` in a temporary folder of its own, removed after it (the log, the
-    reports: read by then, kept by no one); ``give_up`` per sample, as :meth:`_Leader.give_up`."""
+    reports: read by then, kept by no one), or in ``standby`` when it is still alive (it started
+    with ``command``); ``give_up`` per sample, as :meth:`_Leader.give_up`."""
+    per_step = (give_up[0], give_up[1] * global_batch) if give_up else None
+    if standby is not None:
+        measured = standby.measure(fit, tune, per_step, more, deadline)
+        if measured is not None:
+            return measured
     folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
     try:
-        per_step = (give_up[0], give_up[1] * global_batch) if give_up else None
         return _measure_in(folder, target, fit, tune, command, per_step, more, deadline)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -112,6 +124,7 @@ def _measure_together(
     cache: JsonStore | None,
     give_up: tuple[int, float] | None = None,
     deadline: float | None = None,
+    standby: Standby | None = None,
 ) -> list[dict[str, Any]]:
     """Measure ``rows`` (one setting's proven programs, one global batch; ``fits``: their proofs)
     in one fresh process: the first row's command runs with its pin, and the hook loads and times
@@ -119,7 +132,9 @@ def _measure_together(
     start-up for all. What each gave, in the order of ``rows``. A row answered from the cache is
     not run; one whose program could not be timed there (other arguments, the process ended
     before it) is measured in a process of its own, as :func:`_measure` does. ``deadline`` (a Unix
-    time: ``--budget``): no program is started after it; those rows give ``{"budget_spent": True}``."""
+    time: ``--budget``): no program is started after it; those rows give ``{"budget_spent": True}``.
+    ``standby``: a process already started with ``rows[0]``'s command (:mod:`jaxfit.tune.standby`),
+    used for it when it is measured first."""
     results: list[dict[str, Any] | None] = [None] * len(rows)
     keys: list[str | None] = []
     for i, (row, fit) in enumerate(zip(rows, fits, strict=True)):
@@ -133,8 +148,9 @@ def _measure_together(
         first = rows[todo[0]]
         command = target.command(setting, first.micro_batch, first.accum_steps, measuring=True)
         more = [str(fits[i].pin["path"]) for i in todo[1:]]  # type: ignore[index]
+        waiting = standby if standby is not None and todo[0] == 0 else None  # it started as rows[0]
         measured = _measure_in_a_folder(
-            target, fits[todo[0]], tune, command, give_up, first.global_batch, more, deadline
+            target, fits[todo[0]], tune, command, give_up, first.global_batch, more, deadline, waiting
         )
         programs = list(measured.get("programs") or [])
         by_pin = {str(p.get("pin")): p for p in programs[1:]}
@@ -154,6 +170,7 @@ def _measure_together(
                     "program_pinned": measured.get("program_pinned"),
                     "exit_code": measured.get("exit_code"),
                     "together": len(todo),
+                    "standby_seconds": measured.get("standby_seconds"),
                     "cached": False,
                 }
             done = results[i]
@@ -162,8 +179,11 @@ def _measure_together(
     for i, row in enumerate(rows):  # alone: not pinned, not reached, or another interface
         if results[i] is None:
             spent = deadline is not None and time.time() > deadline
+            waiting = standby if standby is not None and i == 0 else None
             results[i] = (
-                {"budget_spent": True} if spent else _measure(target, setting, row, fits[i], tune, cache, give_up)
+                {"budget_spent": True}
+                if spent
+                else _measure(target, setting, row, fits[i], tune, cache, give_up, waiting)
             )
     return [r for r in results if r is not None]
 
@@ -182,23 +202,57 @@ def _measure_in(
     ``(look, seconds per step)``; ``more``: further pins to time after the first in the same
     process); what it creates (its checkpoint folder, wandb's temporary folders) is taken away
     after it."""
-    report = folder / "measure.json"
+    env = _start_environment(folder, tune, fit.process_fraction, _step_name(fit))
+    env.update(_orders(folder, fit, tune, give_up, more, deadline))
+    cwd = target.script.cwd if target.script is not None else None
+    # jaxfit's own files (its cache, this folder with the reports) are not the run's to take away
+    tidy = cleaned(cwd, exclude=(default_cache_path().parent, folder)) if cwd else contextlib.nullcontext()
+    with tidy, open(folder / "log.txt", "wb") as out:
+        env.update(probe_environment())  # what it creates outside its folder too (wandb's temp folders)
+        proc = _launch(command, env, cwd, out)
+        return _finish(folder, proc, tune.measure_timeout * (1 + len(more)))
+
+
+def _step_name(fit: FitResult) -> str:
+    """The name of the train step ``fit`` proved (the hook times the function of that name)."""
+    return str(fit.workload.get("description", {}).get("step_name") or "train_step")
+
+
+def _start_environment(folder: Path, tune: TuneOptions, process_fraction: float, step_name: str) -> dict[str, str]:
+    """The environment a measuring process starts with, its reports in ``folder``: all but its
+    orders (:func:`_orders`), so a process on standby (:mod:`jaxfit.tune.standby`) can start
+    before its program is proven."""
     env = {k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}
     env.update(
         {
             "PYTHONPATH": hooked_pythonpath(),
             "JAXFIT_MEASURE": f"{tune.warmup},{tune.steps}",
             "JAXFIT_MEASURE_INPUT": str(tune.input_steps),
-            "JAXFIT_MEASURE_REPORT": str(report),
-            "JAXFIT_MEASURE_STEP_NAME": str(fit.workload.get("description", {}).get("step_name") or "train_step"),
+            "JAXFIT_MEASURE_REPORT": str(folder / "measure.json"),
+            "JAXFIT_MEASURE_STEP_NAME": step_name,
+            REPORT_ENV: str(folder / "pin-report.json"),
             "WANDB_MODE": "disabled",
         }
     )
-    set_fraction(env, f"{fit.process_fraction:g}")  # a planned smaller card, emulated
-    env.update(pool_environment(fit.process_fraction, cuda_total_bytes()))  # checked before its first step
+    set_fraction(env, f"{process_fraction:g}")  # a planned smaller card, emulated
+    env.update(pool_environment(process_fraction, cuda_total_bytes()))  # checked before its first step
+    return env
+
+
+def _orders(
+    folder: Path,
+    fit: FitResult,
+    tune: TuneOptions,
+    give_up: tuple[int, float] | None,
+    more: Sequence[str],
+    deadline: float | None,
+) -> dict[str, str]:
+    """What a measuring process is told of the programs it times: the pin of ``fit`` first, then
+    ``more`` (listed in ``folder``), the give-up test, the drop margin inside the process, the
+    deadline."""
+    env: dict[str, str] = {}
     if give_up is not None:
         env["JAXFIT_MEASURE_GIVE_UP"] = f"{give_up[0]},{give_up[1]!r}"
-    timeout = tune.measure_timeout * (1 + len(more))
     if more:
         listed = folder / "programs.json"
         listed.write_text(json.dumps(list(more)))
@@ -209,33 +263,38 @@ def _measure_in(
             env["JAXFIT_MEASURE_DEADLINE"] = repr(deadline)
     pin = Pin.from_dict(fit.pin) if fit.pin else None
     env.update(hook_environment(pin, str(folder / "pin-report.json")))
-    cwd = target.script.cwd if target.script is not None else None
-    log = folder / "log.txt"
-    # jaxfit's own files (its cache, this folder with the reports) are not the run's to take away
-    tidy = cleaned(cwd, exclude=(default_cache_path().parent, folder)) if cwd else contextlib.nullcontext()
-    with tidy, open(log, "wb") as out:
-        env.update(probe_environment())  # what it creates outside its folder too (wandb's temp folders)
-        proc = subprocess.Popen(
-            command,
-            env=env,
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    return env
+
+
+def _launch(command: Sequence[str], env: Mapping[str, str], cwd: str | None, out: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a measuring process in a session of its own (so that it and its children can be killed)."""
+    return subprocess.Popen(
+        list(command),
+        env=dict(env),
+        cwd=cwd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _finish(folder: Path, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+    """Wait up to ``timeout`` seconds for a measuring process, kill its session, and read what it
+    reported in ``folder``: its times, exit code, log tail and whether it ran the pinned program."""
+    try:
+        code: int | None = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
         try:
-            code: int | None = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-    text = log.read_text(errors="replace")
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    text = (folder / "log.txt").read_text(errors="replace")
     measured: dict[str, Any] = {"exit_code": code, "log_tail": "\n".join(text.strip().splitlines()[-5:])}
+    report = folder / "measure.json"
     if report.exists():
         measured.update(json.loads(report.read_text()))
     pinned = folder / "pin-report.json"

@@ -79,6 +79,11 @@ class TuneOptions:
         246.9 s instead of 376.4 s, and its winner, proved beside two other autotuned compiles,
         ran 3.0 % below the plain run of the same setting (one proved alone: 0.8 %); inline with
         5, the five proofs took 94 s in one wave, each compile twice as long as three at once.
+      standby: A script measured in fresh processes: as soon as a setting's search has answered,
+        start the fresh process of the micro-batch it proves first, which waits at its first
+        step until that program is proved and then measures it (:mod:`jaxfit.tune.standby`): its
+        start-up is paid beside the proofs instead of after them. On a GPU each waiting process
+        holds its pool, so no more start than fit beside the probes under 0.95 of the card.
       rank_untuned: Experimental, GPU with ``measure="inline"`` and a global batch: run every
         micro-batch's untuned program (compiled by the search, accumulated to the global batch)
         a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best
@@ -101,6 +106,7 @@ class TuneOptions:
     input_steps: int = 3
     one_process: bool = True
     parallel: int = 1
+    standby: bool = True
 
     @property
     def look_steps(self) -> int:
@@ -177,6 +183,9 @@ class Row:
     measured_together: int | None = None
     """How many proven programs the fresh process that measured this row timed, one after another
     (``--one-process``); None: it ran alone."""
+    standby_seconds: float | None = None
+    """Seconds the fresh process that measured this row had been started before it was told to
+    measure (``--standby``: its start-up ran beside the proofs); None: started to measure it."""
     pin: str | None = None
     precision: str = ""
     remat: bool = False
