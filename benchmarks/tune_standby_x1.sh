@@ -18,6 +18,8 @@ OUT=/tmp/tune-standby-x1-sides
 rm -rf "$OUT"  # the machine's /tmp may hold another call's files
 . "$(dirname "$0")/gpu_env.sh"  # the repository root, the carried wheels, $OUT/gpus.txt, bench_side
 mkdir -p "$FINAL"
+# warm the file cache and the driver, so the first side does not pay what the others do not
+python3 -c "import jax, flax, optax, orbax.checkpoint, tyro; jax.devices()" 2>&1 | tail -n 2
 BENCH_COMMON=(run --script-config gpt_small --global-batch 64 --fraction 0.0706 --precision bfloat16)
 INLINE=(--tune-arg=--measure=inline --tune-arg=--parallel=5)
 for side in ${SIDES-inline process}; do

@@ -123,10 +123,14 @@ def test_a_process_on_standby_waits_at_its_first_step_then_measures_the_pin_it_i
             proc.kill()
 
 
-def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli):
+def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli, monkeypatch):
     """train.py debug, global batch 4 at 2 x 2 and 1 x 4: both rows come from one fresh process
     (measured_together 2), each with its own times. With --parallel 2 both settings' searches ran
-    side by side, and so did the two proofs of remat none (their probes overlap in time)."""
+    side by side, and so did the two proofs of remat none (their probes overlap in time). The
+    script's processes shared the tune's JAX compilation cache (every compile counts here: a
+    CPU's init compiles in well under the 1 s that JAX caches by default)."""
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     command = [
         "--", sys.executable, str(REPO / "scripts" / "train.py"), "debug", "--exp-name=tq",
         f"--checkpoint-base-dir={tmp_path / 'ck'}", "--no-wandb-enabled", "--overwrite",
@@ -155,6 +159,7 @@ def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli)
     # first proved), and waited beside the proofs
     assert "--remat=none at 2 x 2 starts up on standby" in said, said[-3000:]
     assert all(r["standby_seconds"] > 0 for r in rows), rows
+    assert result["shared_cache_entries"] > 0
 
 
 def test_parallel_probes_that_cannot_start_side_by_side_are_searched_again_alone(tmp_path, run_cli):

@@ -130,3 +130,25 @@ def test_a_remat_setting_names_its_twin_without_remat_and_others_have_none():
     assert plain_twin(scripts["--remat=dots --precision=bfloat16"]) == "--remat=none --precision=bfloat16"
     assert plain_twin(scripts["--remat=none --precision=bfloat16"]) is None
     assert all(plain_twin(s) is None for s in script_settings(["--remat-policy=a,b", "--layers=1,2"]))
+
+
+def test_a_shared_compile_cache_lives_for_its_block_and_leaves_a_users_own_alone(monkeypatch):
+    """jaxfit.fit.jax_cache: a temporary $JAX_COMPILATION_CACHE_DIR for the block, removed after;
+    a cache the user set is kept as it is (no folder of jaxfit's)."""
+    import os
+
+    from jaxfit.fit.jax_cache import shared_compile_cache
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    with shared_compile_cache() as shared:
+        assert shared.folder and os.environ["JAX_COMPILATION_CACHE_DIR"] == shared.folder
+        assert os.path.isdir(shared.folder) and shared.entries() == 0
+        open(os.path.join(shared.folder, "program"), "w").close()
+        assert shared.entries() == 1
+    assert "JAX_COMPILATION_CACHE_DIR" not in os.environ and not os.path.exists(shared.folder)
+    with shared_compile_cache(enabled=False) as shared:
+        assert shared.folder is None and shared.entries() is None
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/users/own")
+    with shared_compile_cache() as shared:
+        assert shared.folder is None and os.environ["JAX_COMPILATION_CACHE_DIR"] == "/users/own"
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == "/users/own"

@@ -35,6 +35,7 @@ def tune_command(
     one_process: bool = True,
     parallel: int = 1,
     standby: bool = True,
+    share_compile_cache: bool = True,
     json: str | None = None,
     png: str | None = None,
     quiet: bool = False,
@@ -79,6 +80,7 @@ def tune_command(
         one_process: Fresh-process measuring: time a setting's proven programs (its accumulations of one global batch) one after another in one fresh process, each loaded in turn into the same training loop, instead of starting a process for each; a program that cannot stand in for the first (other arguments) gets a process of its own.
         parallel: A script: run its settings' searches, then every setting's proofs in one wave, this many probes of the script at once (on a GPU at most 0.95 / the fraction of them, each holding its own pool; with --measure inline each probe times its proof alone on the GPU). On one H200, 4 cut a two-setting tune from 376 s to 247 s; its winner, proved beside other compiles, ran 3.0 % below a plain run of the same setting (benchmarks/README.md section 35).
         standby: A script measured in fresh processes: start the fresh process of the micro-batch a setting proves first as soon as its search answers; it starts up beside the proofs and waits at its first step until its program is proved, then is measured (on a GPU each waiting process holds its pool, so only as many as fit beside the probes under 0.95 of the card).
+        share_compile_cache: A script: its probes and measuring processes share a JAX compilation cache in a temporary folder (removed after), so what the script compiles before its train step (its state's init: 21.5 s of a 25 s start-up for gpt-small on an H200) is compiled once; the train step never comes from it. Nothing changes when $JAX_COMPILATION_CACHE_DIR is set.
         rank_untuned: Experimental (GPU, --measure inline, --global-batch): run each micro-batch's untuned program a few steps first, prove the fastest first and leave out the clearly slower (ranked out). Off by default: on an H200 the untuned programs ran about 12x slower than the proven ones, so ranking cost more than the proofs it saved.
         json: Write the result (rows, best, breakdown of the best) to this file.
         png: Draw samples/s against micro-batch per setting to this PNG.
@@ -115,6 +117,7 @@ def tune_command(
         one_process=one_process,
         parallel=parallel,
         standby=standby,
+        share_compile_cache=share_compile_cache,
     ).validate()
     if script:
         if overrides:

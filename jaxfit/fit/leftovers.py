@@ -184,9 +184,10 @@ class _Recording:
         """Take away what the record holds so far, then drop the record (:func:`_clean_recorded`)."""
         kept = _clean_recorded(self.folder, self.root, self.skip, time.time(), self.result)
         self.named.update(_shown(p, self.root) for p in kept)
-        for name in os.listdir(self.folder):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.folder, name))
+        with contextlib.suppress(FileNotFoundError):  # its block has ended and taken the folder: nothing is left
+            for name in os.listdir(self.folder):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.folder, name))
 
 
 _records: list[_Recording] = []

@@ -58,6 +58,7 @@ from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.cache import JsonStore, default_cache_path
 from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.devices import cuda_total_bytes
+from jaxfit.fit.jax_cache import shared_compile_cache
 from jaxfit.fit.leftovers import cleaned
 from jaxfit.fit.pin import Pin, run_environment
 from jaxfit.tune.confirm import Calibration, fastest_first
@@ -167,7 +168,9 @@ def tune(
     preallocate = tuning.measure == "inline" and cuda_total_bytes() is not None
     parallel = _probes_at_once(target, tuning, options)
     standbys = Standbys(target, tuning, allowed(target, tuning, fraction, parallel, len(settings)), progress)
-    with context, contextlib.closing(standbys):
+    # the processes of a script share what it compiles before its step (its state's init)
+    startup_cache = shared_compile_cache(target.script is not None and tuning.share_compile_cache)
+    with startup_cache as shared, context, contextlib.closing(standbys):
         with shared_compile_process(preallocate=preallocate):  # one compile process for every setting and accumulation
             proofs, searches = _Proofs(), []
             early: dict[str, _Searched] = {}
@@ -292,6 +295,7 @@ def tune(
         finally:
             if store is not None:
                 store.close()
+        shared_programs = shared.entries()
     phases = {
         "search": round(search_seconds - rank_seconds, 2),
         "rank": round(rank_seconds, 2),
@@ -335,6 +339,7 @@ def tune(
         message=message,
         env=winner_environment(best_fit.pin if best_fit else None, fraction) if command else {},
         phase_seconds=phases,
+        shared_cache_entries=shared_programs,
     )
 
 
