@@ -123,6 +123,29 @@ def test_a_process_on_standby_waits_at_its_first_step_then_measures_the_pin_it_i
             proc.kill()
 
 
+def test_a_script_that_refuses_to_start_beside_a_standby_makes_it_stand_down(tmp_path, run_cli):
+    """train.py without --overwrite refuses to start over a checkpoint folder that exists, as openpi
+    does. One probe at a time: the standby starts after the search, beside the proof's probe, and
+    whichever makes the folder first, the other refuses. Either the proof's probe refused (then
+    the standby stands down, its folder is taken away and the proof runs again, alone) or the
+    standby did (then the row is measured in a process started for it). The row is measured at
+    2 x 2, not called unfit, and standby is off for the rest of the tune."""
+    command = [
+        "--", sys.executable, str(REPO / "scripts" / "train.py"), "debug", "--exp-name=ts",
+        f"--checkpoint-base-dir={tmp_path / 'ck'}", "--no-wandb-enabled",
+    ]  # fmt: skip
+    args = ["tune", "--script", "--global-batch", "4", "--micro-batches", "1", "--max-batch", "2", "--device-memory",
+            "1GiB", "--mem-fraction", "0.3", "--warmup", "1", "--steps", "2", "--input-steps", "0", "--no-cache"]  # fmt: skip
+    proc = run_cli(*args, "--json", "t.json", *command)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = " ".join(proc.stderr.split())
+    assert "starts up on standby" in said and "standby is off for the rest of the tune" in said, said[-3000:]
+    (row,) = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert row["status"] == "measured" and (row["micro_batch"], row["accum_steps"]) == (2, 2), row
+    assert row["standby_seconds"] is None  # measured in a process started for it
+    assert not (tmp_path / "ck" / "debug" / "ts").exists()  # nothing of the tune's runs is left
+
+
 def test_a_tune_times_a_settings_accumulations_in_one_process(tmp_path, run_cli, monkeypatch):
     """train.py debug, global batch 4 at 2 x 2 and 1 x 4: both rows come from one fresh process
     (measured_together 2), each with its own times. With --parallel 2 both settings' searches ran

@@ -76,7 +76,7 @@ from jaxfit.tune.prove import (
     _Searched,
 )
 from jaxfit.tune.space import Setting, plain_twin, upper_bound_samples_per_second
-from jaxfit.tune.standby import Standbys, allowed
+from jaxfit.tune.standby import Standby, Standbys, allowed, stand_down
 
 __all__ = [
     "DROP_MARGIN",
@@ -514,10 +514,16 @@ def _measure_fresh(
             break
     setting = by_name[rows[0].setting]
     proofs = [fits[(r.setting, r.micro_batch, r.accum_steps)] for r in rows]
-    if len(rows) == 1:
-        results = [_measure(target, setting, rows[0], proofs[0], tuning, store, give_up, waiting)]
-    else:
-        results = _measure_together(target, setting, rows, proofs, tuning, store, give_up, deadline, waiting)
+
+    def measured_now(waiting: Standby | None) -> list[dict[str, Any]]:
+        if len(rows) == 1:
+            return [_measure(target, setting, rows[0], proofs[0], tuning, store, give_up, waiting)]
+        return _measure_together(target, setting, rows, proofs, tuning, store, give_up, deadline, waiting)
+
+    results = measured_now(waiting)
+    failed = [m for m in results if not m.get("step_seconds") and m.get("exit_code") not in (0, None)]
+    if failed and not any(_out_of_memory(m) for m in failed) and stand_down():
+        results = measured_now(None)  # it may have refused to start beside a process on standby: again without
     for row, measured in zip(rows, results, strict=True):
         if measured.get("budget_spent"):
             row.status, row.note = "budget spent", f"--budget {tuning.budget_seconds:g} s of measuring was spent"
@@ -529,6 +535,11 @@ def _measure_fresh(
         if measured.get("standby_seconds") is not None:
             row.standby_seconds = float(measured["standby_seconds"])
         row.note = row.note or _input_unmeasured_note(row, tuning) or ""
+
+
+def _out_of_memory(measured: Mapping[str, Any]) -> bool:
+    tail = str(measured.get("log_tail") or "")
+    return "RESOURCE_EXHAUSTED" in tail or "does not fit the budget" in tail
 
 
 def _confirm_in_fresh_processes(

@@ -108,6 +108,9 @@ def _measure_in_a_folder(
         measured = standby.measure(fit, tune, per_step, more, deadline)
         if measured is not None:
             return measured
+        from jaxfit.tune.standby import stand_down
+
+        stand_down()  # it ended before its orders: the script may not start beside another run of itself
     folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
     try:
         return _measure_in(folder, target, fit, tune, command, per_step, more, deadline)

@@ -20,6 +20,7 @@ from jaxfit.tune.measure import _apply, _timed_inline
 from jaxfit.tune.model import SEARCH_WIDTH, Row, Target, TuneOptions, _Leader
 from jaxfit.tune.ranking import Candidate, Rung, proof_order, untuned_rates
 from jaxfit.tune.space import Setting, micro_batches
+from jaxfit.tune.standby import stand_down
 
 # -- fitting each candidate ------------------------------------------------------------------------
 
@@ -199,7 +200,15 @@ def _search_setting(
     source = target.stacked_source(setting, tune.global_batch) if ranks and tune.global_batch else None
     began = time.perf_counter()
     try:
-        largest = fit_batch(source or target.source(setting, 1, None), searched, progress=progress)
+        try:
+            largest = fit_batch(source or target.source(setting, 1, None), searched, progress=progress)
+        except DoesNotFitError:
+            raise
+        except JaxfitError:
+            if not stand_down():
+                raise
+            # it may have refused to start beside a process on standby: again without them
+            largest = fit_batch(source or target.source(setting, 1, None), searched, progress=progress)
     except DoesNotFitError as err:
         g = tune.global_batch or 1
         row = _row(target, setting, 1, g, fits=False, status="does not fit", note=err.what)
@@ -241,6 +250,8 @@ def _prove_row(
     try:
         fit = _prove(target, setting, micro, accum, largest, options, progress)
     except JaxfitError as err:
+        if not isinstance(err, DoesNotFitError) and stand_down():  # it may have refused to start beside them
+            return _prove_row(target, searched, micro, tune, options, leader, progress, beside_others)
         if beside_others and not isinstance(err, DoesNotFitError):
             raise
         row.status = "does not fit"

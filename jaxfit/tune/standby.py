@@ -12,7 +12,10 @@ process started then would (:func:`jaxfit.tune.measure._measure_in`); a standby 
 is told to stop and ends having run nothing.
 
 On a GPU each standby holds its pool while it waits, so no more start than fit beside the probes
-under 0.95 of the card (:func:`allowed`).
+under 0.95 of the card (:func:`allowed`). A script that refuses to start beside another run of
+itself (openpi over its own checkpoint folder, without ``--overwrite``) would refuse the probes
+started after a standby: a probe that fails for another reason than memory while standbys wait
+makes them stand down for the rest of the tune (:func:`stand_down`), and it is proved again.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from jaxfit.tune.measure import _finish, _launch, _orders, _start_environment, _
 from jaxfit.tune.model import Target, TuneOptions
 from jaxfit.tune.space import Setting
 
-__all__ = ["Standby", "Standbys", "allowed"]
+__all__ = ["Standby", "Standbys", "allowed", "stand_down"]
 
 
 def allowed(target: Target, tuning: TuneOptions, fraction: float, probes: int, settings: int) -> int:
@@ -136,6 +139,20 @@ class Standby:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+_ACTIVE: list[Standbys] = []
+"""The standbys of the tunes running in this process (one, but for tests)."""
+_ACTIVE_LOCK = threading.Lock()
+
+
+def stand_down() -> bool:
+    """Stop every waiting standby of the running tunes and start none for the rest of them (a
+    probe failed beside them: its script may refuse to start beside another run of itself).
+    Whether any was waiting."""
+    with _ACTIVE_LOCK:
+        active = list(_ACTIVE)
+    return any([standbys.stand_down() for standbys in active])
+
+
 class Standbys:
     """A tune's standbys: at most ``limit`` alive at once, one a setting."""
 
@@ -143,6 +160,26 @@ class Standbys:
         self._target, self._tune, self._limit, self._progress = target, tune, limit, progress
         self._waiting: list[Standby] = []
         self._lock = threading.Lock()
+        if limit > 0:
+            with _ACTIVE_LOCK:
+                _ACTIVE.append(self)
+
+    def stand_down(self) -> bool:
+        """Stop the waiting standbys and start no more (said once, when any was started); whether
+        any was waiting."""
+        with self._lock:
+            started, self._limit = bool(self._waiting) and self._limit > 0, 0
+            waiting, self._waiting = [s for s in self._waiting if not s._done], []
+        for standby in waiting:
+            standby.close()
+        if started:
+            notify(
+                self._progress,
+                "note",
+                text="tune: a run of the script failed or ended beside a process on standby (a script that refuses "
+                "to start beside itself?): standby is off for the rest of the tune, and that run starts again alone",
+            )
+        return bool(waiting)
 
     def start(self, setting: Setting, micro: int, accum: int, searched: FitResult) -> None:
         """Start a standby for ``setting`` at ``micro x accum``, unless the limit is reached or the
@@ -167,6 +204,9 @@ class Standbys:
 
     def close(self) -> None:
         """Stop every standby not used."""
+        with _ACTIVE_LOCK:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
         with self._lock:
             waiting, self._waiting = self._waiting, []
         for standby in waiting:
