@@ -79,6 +79,8 @@ class TuneOptions:
         246.9 s instead of 376.4 s, and its winner, proved beside two other autotuned compiles,
         ran 3.0 % below the plain run of the same setting (one proved alone: 0.8 %); inline with
         5, the five proofs took 94 s in one wave, each compile twice as long as three at once.
+        With ``standby`` and ``share_compile_cache`` (section 36): 109.1 s inline with 5 and
+        136.3 s with fresh-process measuring and 4, 0.16x and 0.20x of the grid of plain runs.
       standby: A script measured in fresh processes: as soon as a setting's search has answered,
         start the fresh process of the micro-batch it proves first, which waits at its first
         step until that program is proved and then measures it (:mod:`jaxfit.tune.standby`): its
