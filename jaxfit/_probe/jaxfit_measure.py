@@ -126,6 +126,16 @@ def give_up_seconds(
     return (parent[0], min(parent[1], local[1]))
 
 
+def _stand_in(wrapper: Any, wrapped: Any) -> None:
+    """Make ``wrapper`` look like the step it stands in for (name, docs, ``__wrapped__``)."""
+    try:
+        import functools
+
+        functools.update_wrapper(wrapper, wrapped, updated=())
+    except (AttributeError, TypeError):
+        pass
+
+
 def _median(values: "List[float]") -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -176,12 +186,7 @@ class MeasuredStep:
         self._first_call_seconds: Optional[float] = None
         self._started = time.time()
         self._lock = threading.Lock()
-        try:
-            import functools
-
-            functools.update_wrapper(self, step, updated=())
-        except (AttributeError, TypeError):
-            pass
+        _stand_in(self, step)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._step, name)
@@ -366,12 +371,7 @@ class Standby:
         self._build = build
         self._step: Any = None
         self._lock = threading.Lock()
-        try:
-            import functools
-
-            functools.update_wrapper(self, jitted, updated=())
-        except (AttributeError, TypeError):
-            pass
+        _stand_in(self, jitted)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted if self._step is None else self._step, name)

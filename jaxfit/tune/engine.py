@@ -62,7 +62,14 @@ from jaxfit.fit.jax_cache import shared_compile_cache
 from jaxfit.fit.leftovers import cleaned
 from jaxfit.fit.pin import Pin, run_environment
 from jaxfit.tune.confirm import Calibration, fastest_first
-from jaxfit.tune.measure import _apply, _input_unmeasured_note, _measure, _measure_together, _measurements
+from jaxfit.tune.measure import (
+    _apply,
+    _input_unmeasured_note,
+    _measure,
+    _measure_together,
+    _measurements,
+    _ran_out_of_memory,
+)
 from jaxfit.tune.model import DROP_MARGIN, SEARCH_WIDTH, Row, Status, Target, TuneOptions, TuneResult, _Leader
 from jaxfit.tune.peaks import peak_flops
 from jaxfit.tune.prove import (
@@ -522,7 +529,7 @@ def _measure_fresh(
 
     results = measured_now(waiting)
     failed = [m for m in results if not m.get("step_seconds") and m.get("exit_code") not in (0, None)]
-    if failed and not any(_out_of_memory(m) for m in failed) and stand_down():
+    if failed and not any(_ran_out_of_memory(m) for m in failed) and stand_down():
         results = measured_now(None)  # it may have refused to start beside a process on standby: again without
     for row, measured in zip(rows, results, strict=True):
         if measured.get("budget_spent"):
@@ -535,11 +542,6 @@ def _measure_fresh(
         if measured.get("standby_seconds") is not None:
             row.standby_seconds = float(measured["standby_seconds"])
         row.note = row.note or _input_unmeasured_note(row, tuning) or ""
-
-
-def _out_of_memory(measured: Mapping[str, Any]) -> bool:
-    tail = str(measured.get("log_tail") or "")
-    return "RESOURCE_EXHAUSTED" in tail or "does not fit the budget" in tail
 
 
 def _confirm_in_fresh_processes(

@@ -108,9 +108,6 @@ def _measure_in_a_folder(
         measured = standby.measure(fit, tune, per_step, more, deadline)
         if measured is not None:
             return measured
-        from jaxfit.tune.standby import stand_down
-
-        stand_down()  # it ended before its orders: the script may not start beside another run of itself
     folder = Path(tempfile.mkdtemp(prefix="jaxfit-tune-"))
     try:
         return _measure_in(folder, target, fit, tune, command, per_step, more, deadline)
@@ -335,6 +332,13 @@ def _input_unmeasured_note(row: Row, tune: TuneOptions) -> str | None:
     )
 
 
+def _ran_out_of_memory(measured: Mapping[str, Any]) -> bool:
+    """Whether a measuring process's log ends in running out of memory, or in the pin's guard
+    stopping a program over the budget."""
+    tail = str(measured.get("log_tail") or "")
+    return "RESOURCE_EXHAUSTED" in tail or "does not fit the budget" in tail
+
+
 def _apply(row: Row, measured: Mapping[str, Any]) -> None:
     steps = measured.get("step_seconds") or []
     if steps:
@@ -367,7 +371,7 @@ def _apply(row: Row, measured: Mapping[str, Any]) -> None:
     tail = str(measured.get("log_tail") or "")
     if measured.get("exit_code") is None:
         row.status, row.note = "timed out", "the measuring process did not finish in time"
-    elif "RESOURCE_EXHAUSTED" in tail or "does not fit the budget" in tail:
+    elif _ran_out_of_memory(measured):
         row.status, row.note = "out of memory", tail.splitlines()[-1][:200] if tail else ""
     elif measured.get("exit_code") == 0:
         row.status = "ended early"

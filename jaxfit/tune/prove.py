@@ -20,7 +20,7 @@ from jaxfit.tune.measure import _apply, _timed_inline
 from jaxfit.tune.model import SEARCH_WIDTH, Row, Target, TuneOptions, _Leader
 from jaxfit.tune.ranking import Candidate, Rung, proof_order, untuned_rates
 from jaxfit.tune.space import Setting, micro_batches
-from jaxfit.tune.standby import stand_down
+from jaxfit.tune.standby import without_standbys_on_failure
 
 # -- fitting each candidate ------------------------------------------------------------------------
 
@@ -199,16 +199,9 @@ def _search_setting(
     # the parameters once per micro-batch and understate the small ones.
     source = target.stacked_source(setting, tune.global_batch) if ranks and tune.global_batch else None
     began = time.perf_counter()
+    probed = source or target.source(setting, 1, None)
     try:
-        try:
-            largest = fit_batch(source or target.source(setting, 1, None), searched, progress=progress)
-        except DoesNotFitError:
-            raise
-        except JaxfitError:
-            if not stand_down():
-                raise
-            # it may have refused to start beside a process on standby: again without them
-            largest = fit_batch(source or target.source(setting, 1, None), searched, progress=progress)
+        largest = without_standbys_on_failure(lambda: fit_batch(probed, searched, progress=progress))
     except DoesNotFitError as err:
         g = tune.global_batch or 1
         row = _row(target, setting, 1, g, fits=False, status="does not fit", note=err.what)
@@ -248,10 +241,8 @@ def _prove_row(
     began = time.perf_counter()
     row.prove_started_at = time.time()
     try:
-        fit = _prove(target, setting, micro, accum, largest, options, progress)
+        fit = without_standbys_on_failure(lambda: _prove(target, setting, micro, accum, largest, options, progress))
     except JaxfitError as err:
-        if not isinstance(err, DoesNotFitError) and stand_down():  # it may have refused to start beside them
-            return _prove_row(target, searched, micro, tune, options, leader, progress, beside_others)
         if beside_others and not isinstance(err, DoesNotFitError):
             raise
         row.status = "does not fit"

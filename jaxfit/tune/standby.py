@@ -28,11 +28,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from jaxfit._probe.jaxfit_measure import WAIT_ENV
+from jaxfit.errors import DoesNotFitError, JaxfitError
 from jaxfit.fit import FitResult
 from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.devices import cuda_total_bytes
@@ -41,7 +42,9 @@ from jaxfit.tune.measure import _finish, _launch, _orders, _start_environment, _
 from jaxfit.tune.model import Target, TuneOptions
 from jaxfit.tune.space import Setting
 
-__all__ = ["Standby", "Standbys", "allowed", "stand_down"]
+T = TypeVar("T")
+
+__all__ = ["Standby", "Standbys", "allowed", "stand_down", "without_standbys_on_failure"]
 
 
 def allowed(target: Target, tuning: TuneOptions, fraction: float, probes: int, settings: int) -> int:
@@ -99,7 +102,8 @@ class Standby:
                 return None
             self._done = True
         try:
-            if self._proc.poll() is not None:
+            if self._proc.poll() is not None:  # ended before its orders: the script may not start beside itself
+                stand_down()
                 return None
             waited = time.perf_counter() - self.started
             self._write({"env": _orders(self.folder, fit, tune, give_up, more, deadline)})
@@ -150,7 +154,20 @@ def stand_down() -> bool:
     Whether any was waiting."""
     with _ACTIVE_LOCK:
         active = list(_ACTIVE)
-    return any([standbys.stand_down() for standbys in active])
+    return any([standbys.stand_down() for standbys in active])  # a list: every tune's, not the first's
+
+
+def without_standbys_on_failure(run: Callable[[], T]) -> T:
+    """``run()`` (a probe of the script); when it fails for another reason than not fitting while
+    standbys wait, they stand down (:func:`stand_down`) and it runs once more without them."""
+    try:
+        return run()
+    except DoesNotFitError:
+        raise
+    except JaxfitError:
+        if not stand_down():
+            raise
+        return run()
 
 
 class Standbys:
