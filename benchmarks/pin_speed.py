@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_tune import REPO, script_command, timed_point
+
+from jaxfit.fit.common import extra_environment
 
 
 def row_arguments(description: str) -> argparse.ArgumentParser:
@@ -50,17 +51,9 @@ def fresh_point(command: list[str], args: argparse.Namespace, pinned_env: dict |
     ``pinned_env`` (the fit's ``JAXFIT_PIN*``) running the proof's program, its pin report written
     to ``report`` and its ``program_pinned`` (None without a report) in the point. The
     environment is restored after."""
-    saved = {k: os.environ.get(k) for k in [*(pinned_env or {}), "JAXFIT_PIN_REPORT"]}
-    if pinned_env is not None:
-        os.environ.update(pinned_env, JAXFIT_PIN_REPORT=str(report))
-    try:
+    env = {} if pinned_env is None else dict(pinned_env, JAXFIT_PIN_REPORT=str(report))
+    with extra_environment(env):
         point = timed_point(command, args.global_batch, args.fraction, args.warmup, args.steps)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     if pinned_env is not None:  # whether the run really ran the proof's program
         point["program_pinned"] = json.loads(report.read_text()).get("program_pinned") if report.exists() else None
     return point

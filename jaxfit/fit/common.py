@@ -3,11 +3,12 @@ share: progress events, the device description, compile errors, and the cleaning
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from jaxfit.errors import CompileError, JaxfitError
@@ -116,3 +117,19 @@ def cleaning_probe_leftovers(fit: Callable[..., FitResult]) -> Callable[..., Fit
         return result
 
     return wrapper
+
+
+@contextlib.contextmanager
+def extra_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Add ``env`` to ``os.environ`` (which the processes started meanwhile inherit) for the
+    duration, then restore what was there."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

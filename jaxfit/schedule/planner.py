@@ -6,17 +6,15 @@ The design, at length: docs/design.md, "Planning a queue: what each run gets".
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import FitOptions, fit_batch, fit_fraction
 from jaxfit.fit.budget import format_bytes
-from jaxfit.fit.common import Progress
+from jaxfit.fit.common import Progress, extra_environment
 from jaxfit.fit.devices import detect_gpus, visible_entry
 from jaxfit.fit.sources import script_source
 from jaxfit.run.accumulation import BATCH_FLAG, fit_accumulated, with_steps
@@ -88,21 +86,6 @@ def equal_share(total_bytes: int, runs_per_gpu: int, reserve_bytes: int, overhea
     return min(share, 1.0)
 
 
-@contextlib.contextmanager
-def _extra_environment(env: Mapping[str, str]) -> Iterator[None]:
-    """Add ``env`` to ``os.environ`` (which the probe inherits) for the duration, then restore it."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _notify(progress: Progress | None, text: str) -> None:
     if progress is not None:
         progress("note", {"text": text})
@@ -137,7 +120,7 @@ def _measure_one(
         need = packing.Need(name, fraction=fraction, priority=priority, gpus=experiment.gpus)
     else:
         source = script_source(list(experiment.command), batch_flag=BATCH_FLAG, probe_args=list(probe_args))
-        with _extra_environment(experiment.env):
+        with extra_environment(experiment.env):
             if experiment.batch is not None and global_batch is None:
                 _notify(progress, f"{name}: the smallest fraction for batch {experiment.batch}")
                 result = fit_fraction(source, experiment.batch, options, progress=progress)
