@@ -2,7 +2,7 @@
 
 `jaxfit tune --script` of scripts/train.py gpt_small found the grid's winner (remat none, 8 x 8),
 but its fresh-process rate ran 4-7 % below the grid's plain run of the same setting, while its
-other rows matched theirs within 0.5 % (benchmarks/README.md sections 30 and 32). This asks the
+other rows matched theirs within 0.5 % (benchmarks/JOURNAL.md sections 30 and 32). This asks the
 program itself, alternating on one GPU: fit the row as the tune proves it (one autotuned compile of
 the global batch with --grad-accum-steps, in the script's probe; its pin), then time fresh
 processes of the same command in turns, plain (its own compile) and pinned (the proof's program),

@@ -5,7 +5,7 @@
 # row that matched its grid point (4 x 16: --accum 16), each in pairs of plain and pinned fresh
 # processes, alternating. On a host of 2 alike GPUs the two rows run side by side (GPU 0, GPU 1; 3
 # pairs each); on one GPU one after the other (8 x 8: 3 pairs, then 4 x 16: 1 pair in the time
-# left). Section 33 of benchmarks/README.md has its one-GPU run. From the repository root on the GPU
+# left). Section 33 of benchmarks/JOURNAL.md has its one-GPU run. From the repository root on the GPU
 # machine (wheels carried in .whl):
 #   OUT=$OUT bash benchmarks/pin_speed_x2.sh
 set -uo pipefail

@@ -2,7 +2,7 @@
 
 `jaxfit tune --script --measure inline` timed every proof of scripts/train.py gpt_small in the
 script's probe 16-57 % below the same program in a fresh process, the excess growing with the
-accumulation count (benchmarks/README.md sections 27 and 30), so a script's rows are measured in
+accumulation count (benchmarks/JOURNAL.md sections 27 and 30), so a script's rows are measured in
 fresh processes: a start of the script each, what keeps a script's tune far from a quarter of
 its grid. This times one row three ways on one GPU, one after the other:
 

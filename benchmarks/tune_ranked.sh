@@ -9,7 +9,7 @@
 # The grid's wall time is the sum of its halves (what it takes on one card). Every side has a
 # cold cache. From the repository root on the GPU machine (tyro, wandb wheels carried in .whl):
 #   OUT=$OUT HOST_GPUS=2 bash benchmarks/tune_ranked.sh [EXAMPLE GLOBAL_BATCH FRACTION PRECISION]
-# default: gpt-small 64 0.0706 bfloat16 (benchmarks/README.md section 6's question).
+# default: gpt-small 64 0.0706 bfloat16 (benchmarks/JOURNAL.md section 6's question).
 # Returns $OUT/tune.tgz (the tune and grid sides) and $OUT/openpi/all.tgz (the openpi cell).
 set -uo pipefail
 EXAMPLE=${1:-gpt-small}

@@ -15,7 +15,7 @@
 # The grid's wall time is the sum of its two halves (what it takes on one card). From the
 # repository root on the GPU machine (tyro and wandb wheels carried in .whl):
 #   OUT=$OUT LIMIT_S=545 HOST_GPUS=4 bash benchmarks/tune_same_card_x4.sh
-# default question: gpt-small bfloat16, global batch 64, fraction 0.0706 (benchmarks/README.md
+# default question: gpt-small bfloat16, global batch 64, fraction 0.0706 (benchmarks/JOURNAL.md
 # section 6). Returns $OUT/all.tgz (a device call brings back at most 8 files).
 set -uo pipefail
 FINAL=${OUT:-/tmp/tune-same-card}

@@ -8,7 +8,7 @@
 # own. Every side has a cold cache. Usage, from the repository root on the GPU machine (wheels of
 # tyro and wandb carried in .whl):
 #   OUT=$OUT bash benchmarks/tune_vs_grid_x4.sh [EXAMPLE GLOBAL_BATCH FRACTION PRECISION]
-# default: gpt-small 64 0.0706 bfloat16 (benchmarks/README.md section 6's question).
+# default: gpt-small 64 0.0706 bfloat16 (benchmarks/JOURNAL.md section 6's question).
 # Everything it writes ends up in $OUT/all.tgz (a device call brings back at most 8 files).
 set -uo pipefail
 EXAMPLE=${1:-gpt-small}

@@ -367,7 +367,7 @@ def test_a_shared_compile_process_that_will_run_what_it_proves_holds_its_whole_p
 def test_a_scripts_probe_that_will_time_what_it_proves_holds_its_whole_pool(preallocate, tmp_path, monkeypatch):
     """A script's probe is its own process, not a shared one, and a tune timing inline runs the
     proven program in it: it takes its pool at start too (on an H200 a probe whose pool grew could
-    not hold a program that fit, benchmarks/README.md section 27). The script records the variable."""
+    not hold a program that fit, benchmarks/JOURNAL.md section 27). The script records the variable."""
     from jaxfit.fit import batch as batch_mod
 
     record = tmp_path / "preallocate.txt"

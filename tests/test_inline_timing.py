@@ -46,7 +46,7 @@ def test_leaves_larger_than_the_noise_block_are_filled_with_noise_and_differ_fro
 def test_a_script_s_step_is_timed_on_the_script_s_own_batch_repeated_to_the_program_s_size(tmp_path):
     """A script's probe times the proven program on the script's own batch, its rows repeated to
     the program's batch size, not on zeros: on an H200 gpt_small's step ran 1.7-1.9 times slower on
-    a batch of zero tokens than on the script's own (benchmarks/README.md section 35). The fixture's
+    a batch of zero tokens than on the script's own (benchmarks/JOURNAL.md section 35). The fixture's
     step writes the sum and count of the labels it runs on; the script's batch of 4 has labels 0-3."""
     import sys
     from pathlib import Path

@@ -177,7 +177,7 @@ def test_among_equal_waits_a_run_shares_a_gpu_with_the_fewest_runs_then_fills_th
 
 
 def test_runs_that_fit_side_by_side_are_spread_over_idle_gpus_first() -> None:
-    """The queue of benchmarks/README.md section 14 on one host of four 80 GiB GPUs: two FSDP-2 runs
+    """The queue of benchmarks/JOURNAL.md section 14 on one host of four 80 GiB GPUs: two FSDP-2 runs
     at 0.2 and four one-GPU runs. Best fit alone put all six on GPUs 0 and 1 (the four one-GPU runs
     on GPU 0) and left GPUs 2 and 3 idle; each GPU now gets work before any shares one."""
     gpus = [GPU(i, 81559 * MiB) for i in range(4)]

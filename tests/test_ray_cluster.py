@@ -218,7 +218,7 @@ def test_a_queue_is_placed_across_the_nodes(cluster, tmp_path):
 
 def test_small_runs_are_spread_over_the_clusters_gpus_not_packed_onto_one(cluster, tmp_path):
     """Two runs of 0.1 of a GPU: Ray alone packs fractional requests (on four H100s four such runs
-    shared one GPU while its neighbour idled, benchmarks/README.md section 14); each now asks Ray
+    shared one GPU while its neighbour idled, benchmarks/JOURNAL.md section 14); each now asks Ray
     for an even split of the free GPUs (here a whole one), so they run on the two nodes' GPUs."""
     nodes = _two_runs_nodes(cluster, tmp_path, 0.1)
     assert nodes["a"] != nodes["b"], nodes  # one on each node's GPU

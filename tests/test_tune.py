@@ -174,7 +174,7 @@ def test_tune_bad_input_is_one_line(run_cli, args, message):
 def test_the_train_with_line_loads_the_pinned_winner_and_claims_no_pin_it_lacks(tmp_path, run_cli):
     """As fit's run-with line: the start-up hook and JAXFIT_PIN of the winner's proven program.
     --max-batch caps the micro-batch under a global batch (it was ignored: the H200 check of
-    benchmarks/README.md section 27 searched up to 64 under --max-batch 16)."""
+    benchmarks/JOURNAL.md section 27 searched up to 64 under --max-batch 16)."""
     proc = run_cli(
         "tune", "--example", "gpt-tiny", "--set", "n_layers=1", "--set", "vocab_size=256", "--global-batch", "4",
         "--remat", "none",
@@ -492,7 +492,7 @@ def test_on_a_gpu_each_micro_batch_is_proved_as_it_runs_and_one_that_does_not_fi
 
 
 def test_a_program_the_compile_process_cannot_hold_inline_is_measured_in_a_fresh_process(monkeypatch):
-    """On four H100s (benchmarks/README.md section 15) the compile process ran out of memory timing
+    """On four H100s (benchmarks/JOURNAL.md section 15) the compile process ran out of memory timing
     the proved winner (remat none 4 x 16 of gpt-small: peak 5.15 GiB of a 5.59 GiB budget), which
     a fresh process runs: that process holds every program it compiled and a pool its compiles have
     cut up. Such a row is measured in a fresh process, as the proof is for one. (The reply is the

@@ -22,7 +22,7 @@ class _Row:
         return self.global_batch // self.micro_batch
 
 
-# the probe rates of the H200 tune of scripts/train.py gpt_small (benchmarks/README.md section 27)
+# the probe rates of the H200 tune of scripts/train.py gpt_small (benchmarks/JOURNAL.md section 27)
 NONE_8 = _Row("--remat=none", 8, 138.9)  # fresh: 260.3
 NONE_4 = _Row("--remat=none", 4, 101.3)  # fresh: 223.8
 FULL_16 = _Row("--remat=full", 16, 142.9)  # fresh: 195.5
@@ -37,7 +37,7 @@ def _calibrated() -> Calibration:
 
 def test_the_fastest_probe_row_runs_fresh_first_and_calibrates_the_settings_without_their_own():
     """One fresh process to start (since the probe times on the script's own batch its rates are
-    within 3 % of fresh ones, benchmarks/README.md section 35). Even with section 27's probe
+    within 3 % of fresh ones, benchmarks/JOURNAL.md section 35). Even with section 27's probe
     rates, 16-55 % low by a share that differed per setting, the rule still measures the winner:
     remat full's 142.9 ranks first and runs fresh (195.5), and remat none's 8 x 8, estimated by
     remat full's extra seconds per micro-step (its 8 micro-steps: about 291), may beat it, so it

@@ -2,7 +2,7 @@
 
 Every answer jaxfit gives (a batch, a fraction, runs packed side by side) assumes the fraction is
 a hard cap: a process started under ``f`` can hold at most ``f x`` its GPU. What the installed jax
-does with the variable was measured (benchmarks/README.md section 16, jax 0.11.2 on an H100): the
+does with the variable was measured (benchmarks/JOURNAL.md section 16, jax 0.11.2 on an H100): the
 fraction is a cap in either spelling, with preallocation on or off; under
 ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` the allocator has no limit and one process took all 84.6 GB
 of the card; with both spellings set, jax started on the CPU without a word. So the launcher names

@@ -54,7 +54,7 @@ EMULATE_CROWDED_OOM_ENV = "JAXFIT_EMULATE_CROWDED_COMPILE_OOM"
 """Tests only: an autotuned compile that had a smaller batch's compile beside it, at any time,
 fails as XLA's out of memory does. What it stands for was seen on an H200: openpi's pi0-FAST at 134
 ran out of memory while autotuning beside 133 in one round, and the training process's own
-compile of 134 ran 3 steps (benchmarks/README.md section 34); the fit now compiles such a batch
+compile of 134 ran 3 steps (benchmarks/JOURNAL.md section 34); the fit now compiles such a batch
 again alone (:class:`jaxfit.fit.batch._Rounds`)."""
 TUNED_LEVEL = os.environ.get("JAXFIT_AUTOTUNE_LEVEL")
 """Experimental: the ``xla_gpu_autotune_level`` of autotuned compiles (unset: XLA's default, 4, as

@@ -164,7 +164,7 @@ def _tiled(tree: Any, batch: int) -> Any:
     rows, repeated in turn, placed as :func:`_abstract` says: the script's real batch at the size
     a timing runs. Its values matter: an H200 ran scripts/train.py gpt_small's step 1.7-1.9 times
     slower on the script's state with a batch whose tokens were all 0 than with the script's own
-    batch (benchmarks/README.md section 35). A leaf that cannot be tiled is noise."""
+    batch (benchmarks/JOURNAL.md section 35). A leaf that cannot be tiled is noise."""
     import jax
     import numpy as np
 

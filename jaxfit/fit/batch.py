@@ -84,7 +84,7 @@ class _Rounds:
 
         GPU autotuning times candidate kernels in scratch memory of the pool; two such compiles at
         once share it. On an H200, openpi's pi0-FAST at 134 ran out of memory while autotuning
-        beside 133, and the training process's own compile of 134 ran (benchmarks/README.md
+        beside 133, and the training process's own compile of 134 ran (benchmarks/JOURNAL.md
         section 34). Both outcomes stay in the history (the candidate table shows them)."""
         for b in sorted(b for b, o in got.items() if o.memory is None and o.oom):
             self.history.append(got[b])
@@ -198,10 +198,10 @@ def shared_compile_process(*, preallocate: bool = False) -> Iterator[None]:
     whole pool at start, as a training process does, because they will run what they prove
     (``jaxfit tune --measure inline``; a script's probe grew its pool until 2026-11-28, and on an
     H200 could not hold a program of 7.73 GiB proved under 9.87 GiB that a fresh process of the
-    script ran: benchmarks/README.md section 27). A pool that
+    script ran: benchmarks/JOURNAL.md section 27). A pool that
     grows is a set of regions, and one large temporary buffer cannot span two: on H100s a compile
     process twice ran out of memory running gpt-small at 4 x 16 (5.15 GiB proved of 5.59 GiB), a
-    program a fresh training process runs (benchmarks/README.md section 15)."""
+    program a fresh training process runs (benchmarks/JOURNAL.md section 15)."""
     pool: dict[tuple, CompileChild] = {}
     token = _SHARED.set(pool)
     allocating = _PREALLOCATE.set(preallocate)

@@ -47,7 +47,7 @@ def set_fraction(env: MutableMapping[str, str], value: str) -> MutableMapping[st
 def overlay_environment(base: Mapping[str, str], added: Mapping[str, str]) -> dict[str, str]:
     """``base`` (a process's environment) with ``added`` over it, where a fraction in ``added``
     replaces ``base``'s in either spelling: jax 0.11.2 given both starts on the CPU (measured on an
-    H100, benchmarks/README.md section 16), so a shell's other spelling must not reach the run."""
+    H100, benchmarks/JOURNAL.md section 16), so a shell's other spelling must not reach the run."""
     env = dict(base)
     if FRACTION_VARIABLE in added or NEW_FRACTION_VARIABLE in added:
         env.pop(FRACTION_VARIABLE, None)
@@ -61,7 +61,7 @@ def check_pool_environment(env: Mapping[str, str] | None = None) -> None:
 
     Raises:
       ConfigError: ``XLA_PYTHON_CLIENT_ALLOCATOR=platform``, under which the allocator has no limit
-        (on an H100 with jax 0.11.2 one process under fraction 0.3 took 84.6 GB, benchmarks/README.md
+        (on an H100 with jax 0.11.2 one process under fraction 0.3 took 84.6 GB, benchmarks/JOURNAL.md
         section 16).
     """
     env = os.environ if env is None else env

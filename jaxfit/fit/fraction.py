@@ -89,7 +89,7 @@ def aimed_units(known: dict[int, float], peaks: dict[int, int], total: int, head
     that peak is the best guess of the limit it needs. An autotuned FSDP program on two H100s
     (gpt-small bf16 remat, batch 64) peaked at 14.26 GiB under 0.10 of 79.18 GiB while its untuned
     compile had said 0.10 would do; bisection then spent five more rounds of three autotuned
-    compiles between 0.16 and 1.00 (benchmarks/README.md section 14). The aim there is 0.18-0.20.
+    compiles between 0.16 and 1.00 (benchmarks/JOURNAL.md section 14). The aim there is 0.18-0.20.
 
     Args:
       known: Search points (minus the units) and their excess, as the fraction search keeps them.

@@ -2,7 +2,7 @@
 
 Every process of a script compiles what the script jits before its train step: on an H200,
 scripts/train.py gpt_small's ``init_train_state`` took 21.5 s of its 25 s start-up
-(benchmarks/README.md section 36), in each probe and each measuring process of a tune alike. With
+(benchmarks/JOURNAL.md section 36), in each probe and each measuring process of a tune alike. With
 :func:`shared_compile_cache` those processes share a cache in a temporary folder
 (``$JAX_COMPILATION_CACHE_DIR``), so the second one on loads that program instead of compiling it
 again. The train step is never served from it: jaxfit's compile server and the pin's own check

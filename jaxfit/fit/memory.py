@@ -77,7 +77,7 @@ def next_input_bytes(memory: MemoryReport) -> int:
     A loop that dispatches step N and then fetches batch N + 1 (openpi's ``train.py``, and any
     loop that prefetches) has both batches in the pool at once. On an H200 standing for an 80 GiB
     card, pi0.5 at batch 40 (peak 71.99 GiB of 72.00, 6.5 MB to spare; 72.3 MB of inputs a batch)
-    ran two steps and ran out of memory in the third (benchmarks/README.md section 20)."""
+    ran two steps and ran out of memory in the third (benchmarks/JOURNAL.md section 20)."""
     return max(0, memory.argument_bytes - memory.alias_bytes) if memory.alias_bytes else 0
 
 

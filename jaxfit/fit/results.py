@@ -190,7 +190,7 @@ class FitResult:
         0.909 of an H100, whose CUDA total is 79.18 GiB (the fit compiled under that card's limit,
         so the run gets that limit: 0.9 of this GPU would be 0.74 GiB less than the proof's, and
         pi0-FAST's and pi0.5's proven programs ran out of memory in their first step under it,
-        benchmarks/README.md section 19)."""
+        benchmarks/JOURNAL.md section 19)."""
         gpu = self.device.get("gpu_total_bytes")
         card = self.device.get("total_bytes")
         if not gpu or not card or card == gpu:

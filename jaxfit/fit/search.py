@@ -482,7 +482,7 @@ def gap_prior(
     ``gap`` is the median of expensive minus cheap excess at the batches both have. A cheap fit is
     trusted only ``margin`` of the budget plus the gap below it (a cheap failure, plus minus the
     gap above it). Autotuned programs under FSDP need far more than untuned ones (pi0 on 80 GiB
-    cards at 0.9: 5 to 12 GiB more with 2 devices, 19 GiB more with 4; benchmarks/README.md
+    cards at 0.9: 5 to 12 GiB more with 2 devices, 19 GiB more with 4; benchmarks/JOURNAL.md
     sections 10 and 13): with the plain margin a cheap point 7.2 GiB under the budget vouched for a
     batch that needed 12 GiB more than the budget, and kept each round of an H100 fit of pi0 under
     FSDP-4 within a few batches of the last. None when the gap is within :data:`GAP_SHIFT`.

@@ -367,7 +367,7 @@ def _choose_gpus(need: Need, states: Sequence[_GpuState], overhead_bytes: int) -
     The GPUs where it waits for the fewest runs in all (those already planned to finish there plus
     the ones it needs freed), then those where it shares the GPU with the fewest runs (runs side
     by side share its compute: four runs packed onto one GPU of a node while the other idled took
-    1.5x the lower bound on four H100s, benchmarks/README.md section 14), then those it leaves
+    1.5x the lower bound on four H100s, benchmarks/JOURNAL.md section 14), then those it leaves
     with the least capacity (best fit), then the first given.
     """
     options: list[tuple[tuple[int, int, int, int], _GpuState, int, int]] = []

@@ -98,7 +98,7 @@ def spread_share(need: float, live: Sequence[float], one_gpu_runs: int, gpus: in
     several GPUs leave, as long as that still fits next to ``live``; else its ``need``.
 
     Ray chooses the GPU of a fractional request inside a node and packs them: on four H100s four
-    runs of 0.10-0.16 went to one GPU while the node's other GPU idled (benchmarks/README.md
+    runs of 0.10-0.16 went to one GPU while the node's other GPU idled (benchmarks/JOURNAL.md
     section 14). Asking for an even split of the GPUs makes Ray spread them; it costs no memory
     (each run's pool is its own fraction), only logical room Ray could otherwise have packed.
     """

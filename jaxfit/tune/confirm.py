@@ -2,7 +2,7 @@
 
 A script's inline timing runs each proven program in a probe of the script, a process of its own
 per proof (a script's flags, its accumulation among them, make its program, so each setting and
-each accumulation starts one). On an H200 (benchmarks/README.md section 27) those probe rates
+each accumulation starts one). On an H200 (benchmarks/JOURNAL.md section 27) those probe rates
 were 16-55 % below what the same program gave in a fresh process of the script, by a share that
 differed from row to row: remat none at 8 x 8 timed 138.9 samples/s in its probe and remat full at
 16 x 4 142.9 in its own, while fresh processes gave about 260 and 195.5. Ranked on probe rates,
@@ -13,7 +13,7 @@ the rows with more micro-steps than the row it came from (remat none: x1.87 at 8
 x2.21 at 16). So probe rates are not ranked across settings, and a row is estimated with the
 calibration that favours it.
 
-The cause was found later (benchmarks/README.md section 35): the probe timed the script's state on
+The cause was found later (benchmarks/JOURNAL.md section 35): the probe timed the script's state on
 a batch whose tokens were all 0, on which the step ran 1.7-1.9x slower. A probe now times on the
 script's own batch, and its rates came within 3 % of fresh processes in both settings measured
 (+1.5 to +2.8 %). So the rule now starts from one fresh process, not one per setting, and keeps

@@ -57,10 +57,10 @@ class TuneOptions:
         script built and the script's own batch, and then rows again in a fresh process of the
         script, which sees its input pipeline, by :mod:`jaxfit.tune.confirm`'s rule; on an H200
         the probe rates are within 3 % of a fresh process's since they run on the script's batch
-        instead of zero tokens, benchmarks/README.md section 35); ``auto``: inline
+        instead of zero tokens, benchmarks/JOURNAL.md section 35); ``auto``: inline
         for a built-in example on a GPU (on an H100 it found the grid's winner in 0.40x of the
         grid's time against 0.63x, its rates within 1 % of a fresh process's:
-        benchmarks/README.md section 15), fresh processes otherwise (a script; a CPU, where
+        benchmarks/JOURNAL.md section 15), fresh processes otherwise (a script; a CPU, where
         inline timing ranked two settings 2 % apart the wrong way round, section 12).
       drop_margin: Stop measuring a candidate after :attr:`look_steps` timed steps when its rate is
         more than this share below the best measured so far (its row says ``dropped``); None:
@@ -75,7 +75,7 @@ class TuneOptions:
         this many probes of the script at once (each a process of the script under the fraction;
         on a GPU at most as many as 0.95 / fraction). Timed inline, each probe times its proof
         alone on the GPU (:mod:`jaxfit.fit.gpu_turns`). 1: one at a time. Measured on an H200
-        (benchmarks/README.md section 35): with fresh-process measuring and 4, the tune took
+        (benchmarks/JOURNAL.md section 35): with fresh-process measuring and 4, the tune took
         246.9 s instead of 376.4 s, and its winner, proved beside two other autotuned compiles,
         ran 3.0 % below the plain run of the same setting (one proved alone: 0.8 %); inline with
         5, the five proofs took 94 s in one wave, each compile twice as long as three at once.
@@ -96,7 +96,7 @@ class TuneOptions:
         a few steps, prove fastest first, and leave out what is ``drop_margin`` below the best
         proved (:mod:`jaxfit.tune.ranking`). Off by default: on an H200 the untuned programs of
         gpt-small ran about 12x slower than the proven ones, so ranking took 217 s where the
-        proofs it saved cost about 70 s (benchmarks/README.md section 21).
+        proofs it saved cost about 70 s (benchmarks/JOURNAL.md section 21).
     """
 
     global_batch: int | None = None

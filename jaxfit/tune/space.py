@@ -49,7 +49,7 @@ def plain_twin(setting: Setting) -> str | None:
 
     At one micro-batch the rematerialising program does the twin's work and recomputes part of its
     forward pass besides, so it is never the faster of the two where the twin fits (measured on
-    H100s: gpt-small and vit-small, every micro-batch, 6-15 % slower; benchmarks/README.md section
+    H100s: gpt-small and vit-small, every micro-batch, 6-15 % slower; benchmarks/JOURNAL.md section
     17): a tune proves a remat setting only at micro-batches its twin cannot hold."""
     if setting.flags:
         values = {flag.partition("=")[0]: flag.partition("=")[2] for flag in setting.flags}

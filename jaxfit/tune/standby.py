@@ -2,7 +2,7 @@
 
 A fresh process of a script costs its start-up before its first step (Python, imports, the
 device, the state: about 25 s of a 31 s measurement of gpt-small on an H200,
-benchmarks/README.md section 35), and a tune of a script used to pay it after the proofs, once
+benchmarks/JOURNAL.md section 35), and a tune of a script used to pay it after the proofs, once
 per setting measured. A *standby* is that process started as soon as a setting's search has
 answered, with the command of the micro-batch the setting will prove first (so its own program
 is the one that will be pinned): it starts up beside the proofs and waits at the first call of
