@@ -47,6 +47,23 @@ def test_examples_lists_the_builtin_workloads(run_cli):
         assert name in proc.stdout
 
 
+def test_version_and_an_unknown_command(run_cli):
+    from jaxfit.versions import jaxfit_version
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout == f"jaxfit {jaxfit_version()}\n"
+    report = json.loads(run_cli("version", "--json").stdout)
+    assert report["jaxfit"] == jaxfit_version() and report["jax"][0].isdigit() and report["jaxlib"][0].isdigit()
+    assert report["backend"] == "cpu" and report["devices"] and report["devices"][0].startswith("cpu:0")
+    assert "backend cpu" in run_cli("version").stdout
+    line = error_line(run_cli("frobnicate"))
+    assert line == (
+        "jaxfit: error: unknown command 'frobnicate'; the commands are fit, run, tune, plan, examples, schedule, "
+        "calibrate, version (see jaxfit --help)"
+    )
+    assert "(did you mean 'fit'?)" in error_line(run_cli("fti", "--example", "mlp-tiny"))
+
+
 def test_help_explains_the_options(run_cli):
     proc = run_cli("fit", "--help")
     assert proc.returncode == 0

@@ -116,6 +116,10 @@ def test_tune_of_train_py_over_two_axes(tmp_path, run_cli):
     assert all("the whole global batch" in r["note"] for r in cannot)
     assert result["best"] == max(measured, key=lambda r: r["samples_per_second"])
     assert "--batch-size=2" in result["command"] and result["best"]["setting"].split()[0] in result["command"]
+    # the last line is the script's own command with the winning flags, in the shell's words
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("train with: "))
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 " in line and f"{TRAIN} debug --exp-name=tune" in line, line
+    assert ("JAXFIT_PIN=" in line) == ("JAXFIT_PIN" in result["env"]), line
     assert not (tmp_path / "ck" / "debug" / "tune").exists() or not any((tmp_path / "ck" / "debug" / "tune").iterdir())
 
 
@@ -171,8 +175,9 @@ def test_tune_bad_input_is_one_line(run_cli, args, message):
     assert message in error_line(run_cli(*args))
 
 
-def test_the_train_with_line_loads_the_pinned_winner_and_claims_no_pin_it_lacks(tmp_path, run_cli):
-    """As fit's run-with line: the start-up hook and JAXFIT_PIN of the winner's proven program.
+def test_an_example_tune_ends_with_its_settings_and_its_pin_is_stored(tmp_path, run_cli):
+    """An example no training script trains as tuned (gpt-tiny with --set) ends with its settings,
+    never a private process's command; the winner's pin is stored, and claimed only while it is.
     --max-batch caps the micro-batch under a global batch (it was ignored: the H200 check of
     benchmarks/JOURNAL.md section 27 searched up to 64 under --max-batch 16)."""
     proc = run_cli(
@@ -183,19 +188,21 @@ def test_the_train_with_line_loads_the_pinned_winner_and_claims_no_pin_it_lacks(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert max(r["micro_batch"] for r in _result(tmp_path)["rows"]) == 2
     assert (_result(tmp_path)["best"]["micro_batch"], _result(tmp_path)["best"]["accum_steps"]) == (2, 2)
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("train with: "))
-    assert "JAXFIT_PIN=" in line and "PYTHONPATH=" in line, line
-    env = _result(tmp_path)["env"]
-    pin = Path(env["JAXFIT_PIN"])
-    assert f"JAXFIT_PIN={pin} " in line and "XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 " in line
-    assert f"PYTHONPATH={env['PYTHONPATH']}${{PYTHONPATH:+:$PYTHONPATH}}" in line
-    assert env["PYTHONPATH"].endswith("_probe") and pin.is_file()
-    assert "JAXFIT_PIN makes the train step load" in proc.stdout
+    said = " ".join(proc.stdout.split())
+    assert "train with:" not in said and "jaxfit.tune.trial" not in said, said
+    assert "settings: remat=none,precision=float32, micro-batch 2 x 2 accumulation steps (global batch 4)" in said
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 (no training script trains this example as tuned)" in said
+    result = _result(tmp_path)
+    assert result["command"] is None and result["env"] == {}
+    pin = Path(result["best"]["pin"])
+    assert pin.is_file()
     from jaxfit.fit.pin import EXECUTABLE_FILE
     from jaxfit.tune.engine import winner_environment
 
     summary = json.loads(pin.read_text())["summary"]
-    assert winner_environment(summary, 0.3) == env
+    env = winner_environment(summary, 0.3)
+    assert env["JAXFIT_PIN"] == str(pin) and env["PYTHONPATH"].endswith("_probe")
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.3"
     (pin.parent / EXECUTABLE_FILE).unlink()  # pruned since: the line must not claim it
     assert winner_environment(summary, 0.3) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}
     assert winner_environment(None, 0.3) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}

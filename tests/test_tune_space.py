@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 
 import pytest
@@ -152,3 +153,49 @@ def test_a_shared_compile_cache_lives_for_its_block_and_leaves_a_users_own_alone
     with shared_compile_cache() as shared:
         assert shared.folder is None and os.environ["JAX_COMPILATION_CACHE_DIR"] == "/users/own"
     assert os.environ["JAX_COMPILATION_CACHE_DIR"] == "/users/own"
+
+
+def _train_py_configs() -> dict[str, dict[str, ast.expr]]:
+    """scripts/train.py's configs, read from its source (name -> its keyword arguments)."""
+    from helpers import REPO
+
+    tree = ast.parse((REPO / "scripts" / "train.py").read_text())
+    configs = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "TrainConfig":
+            kwargs = {k.arg: k.value for k in node.keywords}
+            configs[ast.literal_eval(kwargs["name"])] = kwargs
+    return configs
+
+
+def test_the_examples_train_py_trains_are_its_configs_without_overrides():
+    from jaxfit.tune.model import EXAMPLE_SCRIPT_CONFIGS
+
+    configs = _train_py_configs()
+    for example, config in EXAMPLE_SCRIPT_CONFIGS.items():
+        assert config in configs, config
+        assert ast.literal_eval(configs[config]["model"]) == example
+        assert "model_overrides" not in configs[config], f"{config} changes {example}: not the example as tuned"
+
+
+def test_an_example_tune_trains_with_jaxfit_run_of_train_py_or_names_its_settings():
+    from jaxfit.fit.sources import ExampleSource
+    from jaxfit.tune.model import Target
+
+    full_bf16, none_f32 = (
+        example_settings(["full"], ["bfloat16"])[0],
+        example_settings(["none"], ["float32"])[0],
+    )
+    dots = example_settings(["dots"], ["float32"])[0]
+    small = Target(example=ExampleSource("gpt-small"))
+    assert small.train_command(full_bf16, 8, 4, 0.45) == [
+        "jaxfit", "run", "--mem-fraction=0.45", "--batch-size=8", "--global-batch=32",
+        "--", "python", "scripts/train.py", "gpt_small", "--exp-name=tuned", "--remat=full", "--precision=bfloat16",
+    ]  # fmt: skip
+    assert small.train_command(none_f32, 16, 1, 0.3)[2:5] == ["--mem-fraction=0.3", "--batch-size=16", "--"]
+    assert "--remat=dots" in small.train_command(dots, 2, 1, 0.5)
+    assert "--remat=none" in small.train_command(none_f32, 2, 1, 0.5)
+    # no script trains gpt-tiny, nor gpt-small changed by the user's own --set: the settings are the answer
+    assert Target(example=ExampleSource("gpt-tiny")).train_command(none_f32, 2, 1, 0.5) is None
+    changed = Target(example=ExampleSource("gpt-small", (("n_layers", "2"),)))
+    assert changed.train_command(none_f32, 2, 1, 0.5) is None

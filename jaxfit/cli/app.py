@@ -30,7 +30,7 @@ app = tyro.extras.SubcommandApp()
 COMMAND: list[str] = []
 """The training command after ``--`` (tyro never sees it): ``jaxfit run -- python train.py ...``."""
 
-SUBCOMMANDS = ("fit", "run", "tune", "plan", "examples", "schedule", "calibrate")
+SUBCOMMANDS = ("fit", "run", "tune", "plan", "examples", "schedule", "calibrate", "version")
 WandbMode = Literal["online", "offline", "disabled"]
 Flat = tyro.conf.OmitArgPrefixes
 """Options of a nested dataclass take no prefix (``--headroom``, not ``--options.headroom``)."""
@@ -138,6 +138,15 @@ def join_flag_values(args: list[str]) -> list[str]:
     return out
 
 
+def unknown_command(name: str) -> str:
+    """The one-line refusal of a subcommand that does not exist, with the closest one when there is one."""
+    import difflib
+
+    close = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown command {name!r}{hint}; the commands are {', '.join(SUBCOMMANDS)} (see jaxfit --help)"
+
+
 _REAL_STDERR: list[Any] = []
 
 
@@ -191,6 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         args = args[:split]
     if not args:
         args = ["fit"]
+    if args[0] in ("--version", "-V"):
+        from jaxfit.versions import jaxfit_version
+
+        print(f"jaxfit {jaxfit_version()}")
+        return 0
+    if not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
+        print(f"jaxfit: error: {unknown_command(args[0])}", file=sys.stderr)
+        return 2
     args = join_flag_values(args)
     _REAL_STDERR[:] = [sys.stderr]
     sys.stderr = io.StringIO()

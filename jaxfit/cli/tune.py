@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import tyro
 from rich.console import Console
@@ -10,6 +10,9 @@ from rich.console import Console
 from jaxfit.cli.app import COMMAND, Flat, ScriptArgs, WandbMode, app, consoles, example_name, parsed
 from jaxfit.errors import JaxfitError
 from jaxfit.fit.options import FitOptions
+
+if TYPE_CHECKING:
+    from jaxfit.tune.model import TuneResult
 
 
 @app.command(name="tune")
@@ -144,17 +147,26 @@ def tune_command(
         from jaxfit.fit.pin import env_words
 
         out.print(
-            f"train with: {' '.join(env_words(result.env))} {shlex.join(result.command)}",
+            f"train with: {' '.join([*env_words(result.env), shlex.join(result.command)])}",
             highlight=False,
             soft_wrap=True,
             markup=False,
         )
+        if script:
+            note = (
+                "(JAXFIT_PIN makes the train step load the program proved for the fastest row)"
+                if result.pinned
+                else "(not pinned: the fastest row's proven program is not stored; the training process compiles its own)"
+            )
+        else:
+            note = "(scripts/train.py trains this example: `jaxfit examples --copy DIR` writes it; jaxfit run proves its step first)"
+        out.print(note, style="dim", highlight=False)
+    elif result.best is not None:
         out.print(
-            "(JAXFIT_PIN makes the train step load the program proved for the fastest row)"
-            if result.pinned
-            else "(not pinned: the fastest row's proven program is not stored; the training process compiles its own)",
-            style="dim",
+            f"settings: {example_settings_line(result)} (no training script trains this example as tuned)",
             highlight=False,
+            soft_wrap=True,
+            markup=False,
         )
     if json:  # after the answer is shown: a file that cannot be written loses nothing
         write_json(json, result.to_dict())
@@ -167,6 +179,18 @@ def tune_command(
             f"[dim]logged to Weights & Biases: {log_tune(result, mode=wandb_mode, project=wandb_project)}[/]"
         )
     return 0 if result.best is not None else 1
+
+
+def example_settings_line(result: TuneResult) -> str:
+    """The best row of a built-in example's tune as the settings to train with."""
+    best = result.best
+    assert best is not None
+    accum = (
+        f" x {best.accum_steps} accumulation steps (global batch {best.global_batch})" if best.accum_steps > 1 else ""
+    )
+    return (
+        f"{best.setting}, micro-batch {best.micro_batch}{accum}, XLA_PYTHON_CLIENT_MEM_FRACTION={result.mem_fraction:g}"
+    )
 
 
 def _choices(text: str) -> list[str]:

@@ -322,7 +322,9 @@ def tune(
     )
     best_row = next((r for r in rows if r.status == "measured"), None)
     command = (
-        target.command(by_name[best_row.setting], best_row.micro_batch, best_row.accum_steps) if best_row else None
+        target.train_command(by_name[best_row.setting], best_row.micro_batch, best_row.accum_steps, fraction)
+        if best_row
+        else None
     )
     best_fit = fits.get((best_row.setting, best_row.micro_batch, best_row.accum_steps)) if best_row else None
     message = _message(best_row, rows, tuning) + (
@@ -344,7 +346,7 @@ def tune(
         command=command,
         breakdown=best_fit.breakdown if best_fit else [],
         message=message,
-        env=winner_environment(best_fit.pin if best_fit else None, fraction) if command else {},
+        env=winner_environment(best_fit.pin if best_fit else None, fraction) if command and target.script else {},
         phase_seconds=phases,
         shared_cache_entries=shared_programs,
     )

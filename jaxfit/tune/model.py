@@ -237,6 +237,9 @@ class TuneResult:
     peak_source: str
     wall_seconds: float
     command: list[str] | None
+    """The command that trains the best row (:meth:`Target.train_command`): a script's own, or for a
+    built-in example ``jaxfit run`` of its ``scripts/train.py`` config; None when no script trains
+    the example as tuned (the best row's settings are the answer)."""
     breakdown: list[dict[str, Any]]
     message: str
     env: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -279,6 +282,15 @@ class TuneResult:
 # -- the sources of a setting ---------------------------------------------------------------------
 
 
+EXAMPLE_SCRIPT_CONFIGS = {
+    "gpt-small": "gpt_small",
+    "vit-small": "vit_small",
+    "gpt-medium-bf16-remat": "gpt_medium_bf16_remat",
+}
+"""Built-in examples that ``scripts/train.py`` (``jaxfit examples --copy DIR``) trains as they are,
+and the name of its config for each (``tests/test_tune_space.py`` holds them against the script)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     """What is tuned: a built-in example (config overrides) or a script (flags), and how to run it."""
@@ -315,6 +327,28 @@ class Target:
         source = self.source(setting, 1, None)
         assert isinstance(source, ExampleSource)
         return dataclasses.replace(source, stacked_to=global_batch)
+
+    def train_command(self, setting: Setting, micro: int, accum: int, fraction: float) -> list[str] | None:
+        """The command a user trains ``setting`` at ``micro x accum`` with: a script's own command with
+        its flags; for a built-in example that ``scripts/train.py`` has a config of (and no ``--set``
+        of the user's own), ``jaxfit run`` of that config, which proves the script's own step at
+        these settings before it trains; otherwise None (the settings alone are the answer)."""
+        if self.script is not None:
+            return self.command(setting, micro, accum)
+        assert self.example is not None
+        config = EXAMPLE_SCRIPT_CONFIGS.get(self.example.name)
+        if config is None or self.example.overrides:
+            return None
+        overrides = dict(setting.overrides)
+        remat = "none" if overrides.get("remat") != "true" else overrides.get("remat_policy", "full")
+        remat = "full" if remat == "nothing" else remat
+        command = ["jaxfit", "run", f"--mem-fraction={fraction:g}", f"--batch-size={micro}"]
+        if accum > 1:
+            command.append(f"--global-batch={micro * accum}")
+        command += ["--", "python", "scripts/train.py", config, "--exp-name=tuned", f"--remat={remat}"]
+        if "dtype" in overrides:
+            command.append(f"--precision={overrides['dtype']}")
+        return command
 
     def command(self, setting: Setting, micro: int, accum: int, *, measuring: bool = False) -> list[str]:
         """The command that trains ``setting`` at ``micro x accum``; ``measuring``: with the probe's

@@ -1,0 +1,65 @@
+"""``jaxfit version`` (and ``jaxfit --version``): what is installed, and what JAX sees here."""
+
+from __future__ import annotations
+
+import json as json_module
+import os
+import platform
+import sys
+from typing import Any
+
+from jaxfit.cli.app import app, no_command, parsed
+from jaxfit.versions import installed_version, jaxfit_version
+
+PLUGINS = ("jax-cuda13-plugin", "jax-cuda12-plugin", "jax-rocm-plugin", "libtpu")
+"""The accelerator plugins whose versions are reported when installed."""
+
+
+def environment_report() -> dict[str, Any]:
+    """jaxfit's, Python's, jax's, jaxlib's and the accelerator plugins' versions, the default XLA
+    backend and its devices. Initialises a JAX backend in this process, with preallocation off
+    unless the environment already says otherwise, so that asking takes no GPU memory."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    report: dict[str, Any] = {
+        "jaxfit": jaxfit_version(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "jax": installed_version("jax", "not installed"),
+        "jaxlib": installed_version("jaxlib", "not installed"),
+        "plugins": {name: v for name in PLUGINS if (v := installed_version(name, "")) != ""},
+    }
+    try:
+        import jax
+
+        devices = jax.devices()
+        report["backend"] = jax.default_backend()
+        report["devices"] = [f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')}".strip() for d in devices]
+    except Exception as e:  # a broken backend is what this command is asked to show
+        report["backend"] = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+        report["devices"] = []
+    return report
+
+
+@app.command(name="version")
+def version_command(json: bool = False) -> int:
+    """Print jaxfit's version, the versions of Python, jax, jaxlib and the accelerator plugins, and
+    the XLA backend and devices JAX sees here (jaxfit --version prints jaxfit's version alone).
+
+    Args:
+      json: Print the report as one JSON object instead of lines.
+    """
+    parsed()
+    no_command("version")
+    report = environment_report()
+    if json:
+        print(json_module.dumps(report, indent=2))
+        return 0
+    print(f"jaxfit {report['jaxfit']}")
+    print(f"python {report['python']} ({report['executable']})")
+    print(f"jax {report['jax']}, jaxlib {report['jaxlib']}")
+    for name, version in report["plugins"].items():
+        print(f"{name} {version}")
+    print(f"backend {report['backend']}")
+    for device in report["devices"]:
+        print(f"  {device}")
+    return 0
