@@ -39,18 +39,18 @@ def schedule_command(
 ) -> int:
     """Run a queue of training runs side by side on GPUs, each with the batch and fraction its measured need gives.
 
-    Usage: `jaxfit schedule configs/queue-debug.yaml` (add --dry-run to only print the plan). Each
+    Usage: `jaxfit schedule configs/queue-debug.yaml` (add --dry-run to only print the plan; `jaxfit examples --copy DIR` writes that queue and the script it runs into DIR). Each
     experiment's command is probed in the current directory (its train step is compiled, never run)
     to fit what its queue entry leaves `auto`; runs with both batch and fraction given are not
     probed. Runs with both `auto` get an equal share of a GPU. The runs are packed onto the GPUs
-    (jaxfit/schedule/packing.py) and started as memory frees; out-of-memory runs are retried with more
+    and started as memory frees; out-of-memory runs are retried with more
     gradient accumulation (same global batch), crashes up to their `retries`, hangs stopped at their
     `timeout`. State, logs and a timeline PNG go to --state-dir (default jaxfit-runs/<queue name>);
     after Ctrl-C, SIGTERM or even SIGKILL of jaxfit, `--resume` continues without re-running
     finished runs. Exit code: 0 all done, 1 some failed, 130/143 when stopped.
 
     Args:
-        queue: The queue file (YAML; see jaxfit/schedule/queue_file.py and configs/queue-debug.yaml).
+        queue: The queue file (YAML: `gpus`, `reserve`, `device_memory` and `experiments`, each with a `name`, a `command` and optional `batch`, `fraction`, `global_batch`, `priority`, `retries`, `timeout` and `env`; `jaxfit examples --copy DIR` writes two examples).
         dry_run: Print the plan and stop.
         resume: Continue the schedule stored in --state-dir (its plan is kept; the queue file gives only its env values again).
         state_dir: Where the state (SQLite), logs and timeline go (default: jaxfit-runs/<queue file stem>).
@@ -206,7 +206,7 @@ def calibrate_command(json: str | None = None, cache: bool = True) -> int:
     """Measure the GPU memory each JAX process holds outside its XLA pool (CUDA context, libraries).
 
     `jaxfit schedule` adds it to every run's need when the queue does not set process_overhead
-    (docs/facts.md #5: 618 MiB on an H200 and an H100). Measured once per GPU model and jax version, then cached.
+    (618 MiB on an H200 and on an H100). Measured once per GPU model and jax version, then cached.
 
     Args:
         json: Also write the measurement to this file.
