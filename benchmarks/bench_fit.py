@@ -3,7 +3,7 @@
 
 For each workload, at a fixed memory fraction:
 
-1. **Ground truth by trials** (Lightning ``BatchSizeFinder`` style, docs/facts.md #7): a fresh process
+1. **Ground truth by trials** (Lightning ``BatchSizeFinder`` style, docs/guides/facts.md #7): a fresh process
    per trial, started with ``XLA_PYTHON_CLIENT_MEM_FRACTION`` set (preallocation as the user would
    have it, i.e. on), which initialises the real state and runs 3 real train steps at batch B;
    double B until out of memory, then bisect. The largest batch that ran is the true answer.

@@ -2,7 +2,7 @@
 """Check jaxfit against a real openpi checkout, as its users run it: fit, inverse, run, schedule.
 
 openpi is not part of this project: bring its checkout and its own environment (its pinned jax,
-flax, jaxtyping, torch...; on a CPU machine see docs/openpi.md), then::
+flax, jaxtyping, torch...; on a CPU machine see docs/guides/openpi.md), then::
 
     python benchmarks/check_openpi.py --openpi ~/openpi --python ~/openpi/.venv/bin/python --out check/
 

@@ -13,7 +13,7 @@ from jaxfit.fit.budget import GiB, MiB, fraction_for_bytes
 from jaxfit.schedule.packing import GPU, ROW_HEADERS, Need, Plan, plan
 
 OVERHEAD = 618 * MiB
-H200_TOTAL = 143_160 * MiB  # CUDA total of an H200 (docs/facts.md #4)
+H200_TOTAL = 143_160 * MiB  # CUDA total of an H200 (docs/guides/facts.md #4)
 RTX_96 = 96 * GiB
 
 
@@ -65,7 +65,7 @@ def test_a_fourth_30gb_run_waits() -> None:
 
 
 def test_three_processes_at_033_do_not_fit_an_h200_but_at_032_do() -> None:
-    # docs/facts.md #5: 3 x (0.33 x 143,160 + 618) MiB = 143,582 MiB > 143,160 MiB.
+    # docs/guides/facts.md #5: 3 x (0.33 x 143,160 + 618) MiB = 143,582 MiB > 143,160 MiB.
     h200 = [GPU(0, H200_TOTAL)]
     at_033 = plan([Need(f"r{i}", fraction=0.33) for i in range(3)], h200, 0, OVERHEAD)
     assert [p.after for p in at_033.placements] == [(), (), ("r0",)]

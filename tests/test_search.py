@@ -25,7 +25,7 @@ MiB = 1 << 20
 
 
 def squeezed(b: int) -> float:
-    """docs/facts.md #2: affine at small batches, a plateau as XLA squeezes toward the limit, then a cliff."""
+    """docs/guides/facts.md #2: affine at small batches, a plateau as XLA squeezes toward the limit, then a cliff."""
     if b <= 8:
         return (1323 + 1834 * b) * MiB
     if b <= 13:
@@ -87,7 +87,7 @@ def test_squeezed_curve_settles_in_few_rounds_at_gpu_width():
     grid, budget = Grid(1, 65536), 17180 * MiB
     result = search(lambda ps: {p: squeezed(p) - budget for p in ps}, grid, width=4)
     assert result.answer == 13
-    assert result.rounds <= 4  # doubling + bisection needs 8 (docs/facts.md #7)
+    assert result.rounds <= 4  # doubling + bisection needs 8 (docs/guides/facts.md #7)
     assert doubling_bisection(lambda b: squeezed(b) - budget, grid).rounds == 8
 
 

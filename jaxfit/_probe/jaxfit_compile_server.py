@@ -19,7 +19,7 @@ Protocol (both directions one JSON object per line):
 
 Compiles never use JAX's persistent compilation cache (:func:`persistent_cache_off`): a program
 served from it can report the wrong aliasing (jax 0.5.3 said ``alias_size_in_bytes = 0`` for a
-donated state, docs/facts.md #12), and a probe must not fill a script's own cache with candidate
+donated state, docs/guides/facts.md #12), and a probe must not fill a script's own cache with candidate
 programs. The executables of the last compiles are kept, so that ``pin`` can hand the very program
 that proved an answer to the training process (:mod:`jaxfit_pin`).
 """
@@ -83,7 +83,7 @@ def untuned_options() -> Dict[str, Any]:
 
 
 def is_out_of_memory(message: str) -> bool:
-    """Whether an exception text is XLA's out-of-memory error (docs/facts.md #8)."""
+    """Whether an exception text is XLA's out-of-memory error (docs/guides/facts.md #8)."""
     return any(marker in message for marker in OOM_MARKERS)
 
 
@@ -542,7 +542,7 @@ class Server:
                 fingerprint = program_fingerprint(lowered)
             options: Dict[str, Any] = {}
             if self.info["limit_sensitive"] and not autotune:
-                options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (docs/facts.md #6)
+                options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (docs/guides/facts.md #6)
                 options.update(untuned_options())
             elif self.info["limit_sensitive"] and TUNED_LEVEL:
                 options["xla_gpu_autotune_level"] = int(TUNED_LEVEL)  # an experiment; see below
@@ -676,7 +676,7 @@ class Server:
         """Device memory this process holds outside the XLA pool (CUDA context, libraries).
 
         Measured as the process's used memory according to nvidia-smi minus the pool's bytes,
-        after small matmuls have loaded the math libraries (docs/facts.md #5).
+        after small matmuls have loaded the math libraries (docs/guides/facts.md #5).
         """
         if not self.info["limit_sensitive"]:
             return {"op": "overhead", "bytes": 0, "method": "none: not a GPU"}

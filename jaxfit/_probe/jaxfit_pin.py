@@ -3,7 +3,7 @@
 Near the memory limit XLA does not build the same program twice: GPU autotuning picks kernels by
 timing them, so the training process's own compile of the step can need more than the compile that
 proved the answer (H100, gpt-small at batch 13 under fraction 0.212: proved 17,579,825,492 B, the
-training process's own compile 18,028,917,076 B, over the limit; docs/facts.md #10). So the fit
+training process's own compile 18,028,917,076 B, over the limit; docs/guides/facts.md #10). So the fit
 writes the proving executable to a *pin* (``pin.json`` and ``executable.bin``, :mod:`jaxfit.fit.pin`),
 and jaxfit's start-up hook loads it here, in the training process, at the first call of the step:
 

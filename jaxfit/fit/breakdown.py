@@ -1,6 +1,6 @@
 """Memory per component: what a step's peak is made of (``jaxfit fit --breakdown``).
 
-The peak is ``argument + output - alias + temp`` (docs/facts.md #1). The arguments are known
+The peak is ``argument + output - alias + temp`` (docs/guides/facts.md #1). The arguments are known
 exactly from their shapes, by name: the parameters, the optimizer state, other state (an EMA copy,
 a step counter, a random key) and the batch. What the peak holds beyond its arguments (the
 gradients, the activations, the workspace, and outputs that do not reuse a donated input) is exact

@@ -1,9 +1,9 @@
 """Budgets: memory sizes, fractions and the bytes they give.
 
 A process started with ``XLA_PYTHON_CLIENT_MEM_FRACTION=f`` gets an allocator limit
-(``bytes_limit``) of about ``f x`` the CUDA total of the device (docs/facts.md #4). Its step must fit in
+(``bytes_limit``) of about ``f x`` the CUDA total of the device (docs/guides/facts.md #4). Its step must fit in
 that limit, less any headroom the user keeps. Each process also holds memory *outside* that limit
-(CUDA context, libraries: ~618 MiB on an H200, docs/facts.md #5), which co-located processes must add.
+(CUDA context, libraries: ~618 MiB on an H200, docs/guides/facts.md #5), which co-located processes must add.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ _UNITS = {
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
-#: Per-process device memory outside the XLA pool, measured on an H200 (docs/facts.md #5). Used only
+#: Per-process device memory outside the XLA pool, measured on an H200 (docs/guides/facts.md #5). Used only
 #: when it cannot be measured on the device at hand; results say which one they used.
 H200_PROCESS_OVERHEAD_BYTES = 618 * MiB
 

@@ -1,7 +1,7 @@
 """The smallest memory fraction a batch needs (:func:`fit_fraction`), to 0.01.
 
 On a GPU each fraction tried is compiled in its own child under that fraction, because the peak
-depends on the limit the compiler sees (docs/facts.md #2); each child writes its program, and the
+depends on the limit the compiler sees (docs/guides/facts.md #2); each child writes its program, and the
 one of the answer is kept as the pin. On a CPU the compile does not depend on the limit, so one
 compile answers.
 """
@@ -118,8 +118,8 @@ def fit_fraction(
     """The smallest fraction (to 0.01) under which ``batch_size`` compiles to a peak that fits.
 
     On a GPU each fraction tried is compiled in its own child under that fraction, because the
-    peak depends on the limit the compiler sees (docs/facts.md #2); the per-process memory outside the
-    pool is measured and reported, since co-located processes must add it (docs/facts.md #5). On a CPU
+    peak depends on the limit the compiler sees (docs/guides/facts.md #2); the per-process memory outside the
+    pool is measured and reported, since co-located processes must add it (docs/guides/facts.md #5). On a CPU
     the compile does not depend on the limit, so one compile answers.
 
     Raises:

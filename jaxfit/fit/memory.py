@@ -15,7 +15,7 @@ class MemoryReport:
     The step's peak device memory is ``argument + output - alias + temp + generated code``: the
     arguments stay live for the whole step, donated arguments alias their outputs, and XLA takes
     the temporaries as one allocation. On an H200 this equalled the allocator's measured
-    ``peak_bytes_in_use`` to the MiB (docs/facts.md #1).
+    ``peak_bytes_in_use`` to the MiB (docs/guides/facts.md #1).
 
     Attributes:
       argument_bytes: Bytes of the step's inputs (state + batch).

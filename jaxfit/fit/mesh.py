@@ -238,7 +238,7 @@ with ``--xla_force_host_platform_device_count``, or a ``mock`` GPU topology (com
 HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
 MOCK_FLAGS = "--xla_gpu_shard_autotuning=false"
 """Without it a sharded compile for a mocked topology hung for over 150 s on an H100 (jax 0.11.2);
-MaxText's GPU ahead-of-time path sets it too (docs/facts.md #13)."""
+MaxText's GPU ahead-of-time path sets it too (docs/guides/facts.md #13)."""
 
 
 def prepare_devices(count: int, allow_mock: bool = True) -> Topology:

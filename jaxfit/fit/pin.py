@@ -1,7 +1,7 @@
 """Pins: the executable that proved a fit's answer, kept where the training process will load it.
 
 A fit proves ``peak(answer) <= budget`` on the program its compile child built. Near the limit XLA
-does not build the same program twice (GPU autotuning times kernels; docs/facts.md #10), so the
+does not build the same program twice (GPU autotuning times kernels; docs/guides/facts.md #10), so the
 training process's own compile can need more and run out of memory. A *pin* hands the proven
 program over: the compile child serialises the executable that answered
 (``jax.experimental.serialize_executable``, the bytes JAX's persistent cache stores), and jaxfit's

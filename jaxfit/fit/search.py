@@ -9,7 +9,7 @@ minimises rounds, not compiles. It works on the *excess* of each point, ``peak(x
 Strategy: probe the small end to learn a slope, predict the boundary by interpolation, then
 compile the predicted point *and its neighbour* (one round settles an exact prediction) together
 with points that bracket it (a wrong prediction still halves or better the interval). The peak is
-not affine near the limit (XLA squeezes the step toward it, docs/facts.md #2), so a prediction only
+not affine near the limit (XLA squeezes the step toward it, docs/guides/facts.md #2), so a prediction only
 seeds the search; the answer always comes from compiles on both sides of the boundary.
 
 On a GPU there are two oracles: untuned compiles (cheap, and they overlap) and autotuned ones (the
@@ -181,7 +181,7 @@ def _locally_affine(known: Mapping[int, float], b: Bracket) -> bool:
 
     Before any failure, the last two fitting slopes must agree within 2x. Once the
     boundary is bracketed, the chord across it must agree (within 2x) with the slopes just inside
-    each end; a plateau that ends in a cliff (docs/facts.md #2) fails this, and the round then spends
+    each end; a plateau that ends in a cliff (docs/guides/facts.md #2) fails this, and the round then spends
     its points on splitting the interval instead of on the guess's neighbour.
     """
     finite = sorted((x, e) for x, e in known.items() if math.isfinite(e))

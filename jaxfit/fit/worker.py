@@ -1,10 +1,10 @@
 """The compile child: a process that sees the *target* memory limit and answers "peak at batch B".
 
-XLA squeezes a step toward the allocator limit it sees (docs/facts.md #2), so the memory analysis is
+XLA squeezes a step toward the allocator limit it sees (docs/guides/facts.md #2), so the memory analysis is
 only right when it comes from a process whose ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is the target
 one. The parent (:mod:`jaxfit.fit.compiler`) starts ``python -m jaxfit.fit.worker`` with that fraction and
 preallocation off (compiling allocates nothing, so other jobs on the GPU are undisturbed,
-docs/facts.md #3), with the workload source in ``$JAXFIT_WORKLOAD_SOURCE``. The protocol is that of
+docs/guides/facts.md #3), with the workload source in ``$JAXFIT_WORKLOAD_SOURCE``. The protocol is that of
 :mod:`jaxfit._probe.jaxfit_compile_server`, which the script probe speaks too. Not a public interface.
 """
 

@@ -32,14 +32,14 @@ class Card:
 
 DEFAULT_CARDS = tuple(Card(f"{n}GB", n * GiB) for n in (24, 32, 48, 80, 96, 141))
 """Nominal sizes, read as GiB. A real card gives JAX a little less (an H100 80GB 81,080 MiB, about
-1 % less than 80 GiB; docs/facts.md #16): plan a measured card by name (:data:`MEASURED_CARDS`,
+1 % less than 80 GiB; docs/guides/facts.md #16): plan a measured card by name (:data:`MEASURED_CARDS`,
 ``--card H100``) or give the exact size with ``--card NAME=SIZE``."""
 
 MEASURED_CARDS: Mapping[str, Card] = {
     "H100": Card("H100", 81_080 * MiB),
     "H200": Card("H200", 143_160 * MiB),
 }
-"""Cards whose total CUDA hands JAX was measured (``bytes_limit / fraction``; docs/facts.md #4 and
+"""Cards whose total CUDA hands JAX was measured (``bytes_limit / fraction``; docs/guides/facts.md #4 and
 #16), usable as ``--card H100``: an H100 80GB HBM3 gives 81,080 MiB (nvidia-smi shows 81,559), an
 H200 143,160 MiB (nvidia-smi 143,771). Other cards: ``--card NAME=SIZE`` with CUDA's total."""
 

@@ -1,5 +1,5 @@
 """``jaxfit calibrate``: measure, once per GPU model and stack, the memory a JAX process holds outside
-its XLA pool (CUDA context, cuBLAS/cuDNN workspaces and code: 618 MiB on an H200, docs/facts.md #5).
+its XLA pool (CUDA context, cuBLAS/cuDNN workspaces and code: 618 MiB on an H200, docs/guides/facts.md #5).
 
 A scheduler must add it to every co-located run's pool, or three runs at 0.33 overfill an H200.
 The measurement starts one compile child on the GPU (fraction 1.0, preallocation off, so its
@@ -38,7 +38,7 @@ class Calibration:
     Attributes:
       process_overhead_bytes: nvidia-smi's used memory of the process minus its pool's bytes.
       cuda_total_bytes: The GPU's memory as CUDA reports it (the base of every fraction: the
-        allocator limit under fraction 1.0), less than nvidia-smi's total (docs/facts.md #4).
+        allocator limit under fraction 1.0), less than nvidia-smi's total (docs/guides/facts.md #4).
       smi_total_bytes: nvidia-smi's total of the same GPU (None when nvidia-smi lists none).
       process_used_bytes: nvidia-smi's used memory of the measuring process.
       pool_bytes: The XLA pool's bytes in that process.

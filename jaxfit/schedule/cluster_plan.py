@@ -6,7 +6,7 @@ compile on the GPU the runs will use. So the whole planning, ``jaxfit schedule Q
 in the scheduler's working folder when that node has it: the node probes the commands, fits what
 the queue leaves ``auto`` and packs the runs onto its GPUs. The plan and the folders of the
 programs its fits proved (the pins) come back; the scheduler then runs that plan as it runs one
-given with ``--plan``, admitting runs by the cluster's GPUs (docs/design.md, "Admission on a
+given with ``--plan``, admitting runs by the cluster's GPUs (docs/guides/how-it-works.md, "Admission on a
 cluster"). The nodes need jaxfit and the commands' programs, as they need the programs to train.
 """
 

@@ -213,8 +213,8 @@ def target_gpus(
     """The GPUs a queue is planned on, and the queue with its per-process overhead filled in.
 
     On the visible GPUs (no ``--device-memory``, no more ``--gpus`` than are visible) fractions are
-    of CUDA's total, which is less than nvidia-smi's (docs/facts.md #4), and each process holds memory
-    outside its pool (docs/facts.md #5): both come from :func:`jaxfit.schedule.calibrate.calibrate` (measured
+    of CUDA's total, which is less than nvidia-smi's (docs/guides/facts.md #4), and each process holds memory
+    outside its pool (docs/guides/facts.md #5): both come from :func:`jaxfit.schedule.calibrate.calibrate` (measured
     once, then cached). Otherwise the GPUs are logical (:func:`jaxfit.schedule.planner.resolve_gpus`).
 
     Returns:

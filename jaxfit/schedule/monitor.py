@@ -1,7 +1,7 @@
 """The memory monitor of ``jaxfit schedule``: what the runs side by side really take (NVML per GPU
 and per process, or each run's host memory on logical GPUs), sampled to SQLite.
 
-The design, at length: docs/design.md, "The memory monitor".
+The design, at length: docs/guides/how-it-works.md, "The memory monitor".
 """
 
 from __future__ import annotations

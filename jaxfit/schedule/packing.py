@@ -2,7 +2,7 @@
 decreasing need, in order of start, spread over the GPUs before packing them (best fit among
 equals), with runs that wait for others to end.
 
-The design, at length: docs/design.md, "Packing runs onto GPUs".
+The design, at length: docs/guides/how-it-works.md, "Packing runs onto GPUs".
 """
 
 from __future__ import annotations

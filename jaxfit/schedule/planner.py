@@ -1,7 +1,7 @@
 """Planning a queue: each experiment's batch, accumulation and fraction (fitting what is ``auto``),
 then packed onto GPUs (:mod:`jaxfit.schedule.packing`); it starts no training (``--dry-run``).
 
-The design, at length: docs/design.md, "Planning a queue: what each run gets".
+The design, at length: docs/guides/how-it-works.md, "Planning a queue: what each run gets".
 """
 
 from __future__ import annotations

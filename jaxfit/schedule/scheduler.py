@@ -2,7 +2,7 @@
 (:class:`Scheduler`); out-of-memory runs retried with more accumulation, crashes with their
 ``retries``, hangs stopped at their ``timeout``.
 
-The design, at length: docs/design.md, "The scheduler loop".
+The design, at length: docs/guides/how-it-works.md, "The scheduler loop".
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ MAX_NODE_LOSSES = 3
 """Attempts of one run that may die with their node or worker (Ray) before a further loss counts
 as a crash, which spends a retry: a node that keeps dying under one run is not bad luck."""
 """Text in a failed attempt's log that means it ran out of memory, beyond XLA's own markers
-(:func:`jaxfit._probe.jaxfit_compile_server.is_out_of_memory`, docs/facts.md #8): also jaxfit's
+(:func:`jaxfit._probe.jaxfit_compile_server.is_out_of_memory`, docs/guides/facts.md #8): also jaxfit's
 guard, which stops a run whose own program does not fit before its first step."""
 
 Report = Callable[[str, str | None, str], None]

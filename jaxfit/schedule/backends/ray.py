@@ -1,7 +1,7 @@
 """The Ray backend of ``jaxfit schedule``: each attempt a Ray task asking ``num_gpus`` = its share
 of a GPU, run under a guard and the runner so that nothing outlives its task.
 
-The design, at length: docs/design.md, "The Ray backend".
+The design, at length: docs/guides/how-it-works.md, "The Ray backend".
 """
 
 from __future__ import annotations
