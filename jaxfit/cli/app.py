@@ -42,9 +42,9 @@ class ScriptArgs:
 
     Attributes:
       step_name: The name of the jitted train step function (found through functools.partial).
-        Default: train_step, or, when the script calls none, the first jitted function that looks
-        like a train step (it donates an argument and takes a batch, or is called a second time
-        with one); the output says which it took.
+        Default: train_step, or, when the script calls none, the first jitted function that is a
+        train step: it takes a batch beside its state and returns that state updated (arrays of
+        the same shapes and dtypes); the output says which it took.
       batch_flag: The script's batch-size flag, e.g. --batch-flag=--bs or --batch-flag
         --config.batch_size.
       accum_flag: The script's gradient-accumulation flag (used by --global-batch).
