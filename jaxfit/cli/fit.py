@@ -26,6 +26,7 @@ def fit_command(
     json: str | None = None,
     quiet: bool = False,
     breakdown: bool = False,
+    plot: str | None = None,
     wandb: bool = False,
     wandb_mode: WandbMode | None = None,
     wandb_project: str = "jaxfit",
@@ -49,6 +50,7 @@ def fit_command(
         json: Also write the result as JSON to this file.
         quiet: Print only the answer line.
         breakdown: Also print the answer's peak by component: parameters, optimizer state, other state, batch, gradients, activations and workspace (the JSON always has it).
+        plot: Also draw the answer's peak by component (a stacked bar against the budget, estimates hatched) to this .png, .svg or .pdf file; the picture of --breakdown, which it does not need.
         wandb: Log the fit as its own Weights & Biases run (settings in its config, candidates as a table).
         wandb_mode: online, offline or disabled; default $WANDB_MODE, else online with credentials and offline without.
         wandb_project: The W&B project of --wandb.
@@ -67,6 +69,10 @@ def fit_command(
         raise JaxfitError("--set applies to built-in examples only; configure an --entry in its own code")
     if json:
         check_writable(json)
+    if plot:
+        from jaxfit.figures import check_figure_path
+
+        check_figure_path(plot, "--plot")
     mesh = devices.spec()
     source: Source
     if script:
@@ -105,6 +111,12 @@ def fit_command(
             out.print("no breakdown: the step's arguments were not reported (fit again with --no-cache)")
     if json:  # after the answer is shown: a file that cannot be written loses nothing
         write_json(json, result.to_dict())
+    if plot:
+        from jaxfit.figures import breakdown_figure
+
+        written = breakdown_figure(result, plot)
+        if not quiet:
+            out.print(f"plot: {written}", highlight=False, markup=False)
     if wandb:
         from jaxfit.run.tracking import log_fit
 
