@@ -418,12 +418,38 @@ def _load_executable(pin: Dict[str, Any], pin_path: str, lowered: Any) -> Any:
         payload = f.read()
     _check_whole(pin, payload)
     devices = _execution_devices(pin)
+    if devices is not None and not _takes_execution_devices(serialize_executable.deserialize_and_load):
+        devices = _default_placement(devices)
     with server_mod.runtime_typechecks_off():  # it rebuilds the argument pytrees too
         if devices is None:
             return serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
         return serialize_executable.deserialize_and_load(
             payload, lowered.in_tree, lowered.out_tree, execution_devices=devices
         )
+
+
+def _takes_execution_devices(load: Any) -> bool:
+    """Whether this jax's ``deserialize_and_load`` places a program on given devices (jax 0.5.3's
+    does not: it loads where the program was compiled for, by device id)."""
+    import inspect
+
+    try:
+        return "execution_devices" in inspect.signature(load).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _default_placement(devices: Any) -> Any:
+    """None when ``devices`` are where an older jax loads the program anyway (the first devices, in
+    order, as the fit compiled it); otherwise a RuntimeError: this jax cannot place it elsewhere."""
+    import jax
+
+    if [d.id for d in devices] == [d.id for d in jax.devices()[: len(devices)]]:
+        return None
+    raise RuntimeError(
+        "the proven program runs on devices %s, and jax %s cannot load a program on devices other than "
+        "the first ones" % ([d.id for d in devices], jax.__version__)
+    )
 
 
 def interface(compiled: Any) -> str:
