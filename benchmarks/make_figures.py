@@ -184,7 +184,7 @@ def search_rows() -> tuple[list[SearchRow], str]:
         "3 real steps a trial)\n"
         f"one {', '.join(sorted(devices))}, jax {', '.join(sorted(jax_versions))}; "
         "jaxfit and the trials on the same warm GPU, one call after another"
-        + ("; the MLP's cut trial search: JOURNAL section 3a" if any(r.trial_seconds_at_least for r in rows) else "")
+        + ("; the MLP's trial search was cut, on another H100" if any(r.trial_seconds_at_least for r in rows) else "")
     )
     return rows, title
 
@@ -217,8 +217,7 @@ def tune_points() -> tuple[list[TunePoint], int | None, str]:
         "jaxfit tune: samples/s of each setting against its proven peak\n"
         f"{script} {config} ({precision}, global batch {', '.join(map(str, sorted(global_batch)))}) "
         f"at fraction {tune['mem_fraction']:g}, --measure inline --parallel 5\n"
-        f"one {device['device_kind']}, jax {device['jax_version']}; the tune took {tune['wall_seconds']:.0f} s "
-        "(JOURNAL section 36, call 3)"
+        f"one {device['device_kind']}, jax {device['jax_version']}; the tune took {tune['wall_seconds']:.0f} s"
     )
     return points, (budgets.pop() if len(budgets) == 1 else None), title
 

@@ -50,42 +50,29 @@ def tune_table(result: TuneResult) -> Table:
 
 
 def draw(result: TuneResult, path: str | Path) -> Path:
-    """Samples/s against micro-batch, one line per setting; candidates that do not fit marked x."""
-    import matplotlib
+    """The tune's speed-vs-memory picture (``--png``): samples/s against each row's proven peak,
+    one colour per setting, the budget as a line and the winner marked (:func:`jaxfit.figures.tune_figure`)."""
+    from jaxfit.figures import TunePoint, tune_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    settings = list(dict.fromkeys(r.setting for r in result.rows))
-    for name in settings:
-        mine = sorted((r for r in result.rows if r.setting == name), key=lambda r: r.micro_batch)
-        ran = [r for r in mine if r.samples_per_second]
-        if ran:
-            ax.plot([r.micro_batch for r in ran], [r.samples_per_second or 0.0 for r in ran], marker="o", label=name)
-        failed = [r for r in mine if not r.fits or r.status == "out of memory"]
-        if failed:
-            ax.scatter([r.micro_batch for r in failed], [0] * len(failed), marker="x", color="red")
-    if result.best is not None:
-        ax.annotate(
-            "best",
-            (result.best.micro_batch, result.best.samples_per_second or 0),
-            textcoords="offset points",
-            xytext=(0, 8),
-            ha="center",
+    points = [
+        TunePoint(
+            setting=r.setting,
+            micro_batch=r.micro_batch,
+            accum_steps=r.accum_steps,
+            peak_bytes=r.peak_bytes,
+            samples_per_second=r.samples_per_second,
+            status=r.status,
+            winner=r is result.best,
         )
+        for r in result.rows
+    ]
     budget = next((r.budget_bytes for r in result.rows if r.budget_bytes), None)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("micro-batch (x: does not fit the budget)")
-    ax.set_ylabel("samples / s")
-    ax.set_title(f"{result.workload}: budget {format_bytes(budget)} (fraction {result.mem_fraction:g})", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    device = result.device.get("device_kind") or result.device.get("platform") or "this machine"
+    title = (
+        f"jaxfit tune of {result.workload}: samples/s against the proven peak\n"
+        f"fraction {result.mem_fraction:g}, budget {format_bytes(budget)}, on {device}"
+    )
+    return tune_figure(points, path, budget_bytes=budget, title=title)
 
 
 COLUMNS = [
