@@ -189,17 +189,18 @@ def itemsize(dtype: Any) -> int:
     return size if isinstance(size, int) else np.dtype(dtype).itemsize
 
 
-def tree_bytes(tree: Any, per_device: bool = False) -> int:
+def tree_bytes(tree: Any, per_device: bool = False, only: Optional[Callable[[Any], bool]] = None) -> int:
     """Bytes of the array leaves of ``tree`` (abstract or concrete).
 
     ``per_device``: what one device holds: a leaf sharded over a mesh counts its shard
-    (``sharding.shard_shape``), any other leaf its whole size.
+    (``sharding.shard_shape``), any other leaf its whole size. ``only``: count the leaves it
+    accepts, not all.
     """
     import jax
 
     total = 0
     for x in jax.tree_util.tree_leaves(tree):
-        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")) or (only is not None and not only(x)):
             continue
         shape = tuple(x.shape)
         sharding = getattr(x, "sharding", None) if per_device else None
@@ -257,13 +258,28 @@ def describe_arguments(
     names: "list[str]",
     batch_index: Optional[int],
     field_names: "Optional[Dict[str, list[str]]]" = None,
+    batch_ids: "frozenset" = frozenset(),
 ) -> "list[list[Any]]":
     """``[[component, bytes, whole_bytes], ...]``: the step's arguments by name, the batch as
     ``batch``, and the state's top-level fields (``state.params``, ``state.opt_state``...) so a
     breakdown can tell parameters from optimizer state. ``bytes`` is what one device holds (the
     memory analysis is per device), ``whole_bytes`` the unsharded size (what each device would hold
-    replicated). ``field_names`` names the fields of tuple arguments."""
+    replicated). ``field_names`` names the fields of tuple arguments. ``batch_ids``: the batch's
+    arrays (``id()``), where they sit inside arguments that hold other things too."""
     out: "list[list[Any]]" = []
+    if batch_ids:
+        batch = lambda x: id(x) in batch_ids  # noqa: E731
+        out.append(["batch", tree_bytes(args, True, batch), tree_bytes(args, False, batch)])
+        others = lambda x: id(x) not in batch_ids  # noqa: E731
+        for i, arg in enumerate(args):
+            name = names[i] if i < len(names) else "arg%d" % i
+            children = _children(arg) or [("", arg)]
+            for field, value in children:
+                size = tree_bytes(value, False, others)
+                if size:
+                    label = "%s.%s" % (name, field) if field else name
+                    out.append([label, tree_bytes(value, True, others), size])
+        return out
     for i, arg in enumerate(args):
         name = names[i] if i < len(names) else "arg%d" % i
         if i == batch_index:
@@ -529,17 +545,38 @@ class Server:
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
+    def lower_one(self, batch: int) -> "tuple[Any, str, float]":
+        """``(lowered, fingerprint, seconds)`` of the step at ``batch``: tracing, on the calling thread.
+
+        A probe lowers on the thread of the script's parked call: libraries keep the context of a
+        call in thread-local state (flax's NNX update context), which other threads do not see."""
+        start = time.perf_counter()
+        with self._lower_lock, runtime_typechecks_off():
+            lowered = self.lower(batch)
+            fingerprint = program_fingerprint(lowered)
+        return lowered, fingerprint, time.perf_counter() - start
+
     def compile_one(
-        self, batch: int, autotune: bool, keep_untuned: bool = False, beside: "Sequence[int]" = ()
+        self,
+        batch: int,
+        autotune: bool,
+        keep_untuned: bool = False,
+        beside: "Sequence[int]" = (),
+        lowered_as: "Any" = None,
     ) -> Dict[str, Any]:
         """Lower and compile at ``batch``; never raises (errors are answers). ``keep_untuned``: an
         untuned compile is made (never answered from the cache) and its program kept to be timed
-        (``time_step(..., untuned=True)``). ``beside``: the batches compiled at the same time."""
+        (``time_step(..., untuned=True)``). ``beside``: the batches compiled at the same time.
+        ``lowered_as``: what :meth:`lower_one` gave for ``batch`` on another thread (or the
+        exception it raised), so that only the compile runs here."""
         start = time.perf_counter()
         try:
-            with self._lower_lock, runtime_typechecks_off():
-                lowered = self.lower(batch)
-                fingerprint = program_fingerprint(lowered)
+            if lowered_as is None:
+                lowered_as = self.lower_one(batch)
+            if isinstance(lowered_as, BaseException):
+                raise lowered_as
+            lowered, fingerprint, lower_seconds = lowered_as
+            start -= lower_seconds
             options: Dict[str, Any] = {}
             if self.info["limit_sensitive"] and not autotune:
                 options["xla_gpu_autotune_level"] = 0  # ~3x faster compiles (docs/guides/facts.md #6)
@@ -615,9 +652,7 @@ class Server:
             kept = self._kept.get(batch)
         if kept is not None:
             return kept, False
-        with self._lower_lock, runtime_typechecks_off():
-            lowered = self.lower(batch)
-            fingerprint = program_fingerprint(lowered)
+        lowered, fingerprint, _ = self.lower_one(batch)
         compiled = lowered.compile()
         return (fingerprint, compiled, memory_of(compiled)), True
 
@@ -663,9 +698,23 @@ class Server:
         threads = max(1, int(request.get("threads") or len(batches)))
         autotune = bool(request.get("autotune", True))
         keep = bool(request.get("keep_untuned"))
+        # Traced here, on the serving thread (the script's parked call, in a probe), compiled in the pool.
+        lowered: "Dict[int, Any]" = {}
+        for b in batches:
+            try:
+                lowered[b] = self.lower_one(b)
+            except Exception as e:  # answered as the compile's error, in order
+                lowered[b] = e
         with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
             futures = [
-                pool.submit(self.compile_one, b, autotune, keep, [x for x in batches if x != b] if threads > 1 else [])
+                pool.submit(
+                    self.compile_one,
+                    b,
+                    autotune,
+                    keep,
+                    [x for x in batches if x != b] if threads > 1 else [],
+                    lowered[b],
+                )
                 for b in batches
             ]
             for future in concurrent.futures.as_completed(futures):

@@ -28,6 +28,7 @@ What happened is written as JSON to ``$JAXFIT_PIN_REPORT`` (``program_pinned``,
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -201,6 +202,7 @@ class PinnedStep:
     ) -> None:
         self._jitted = jitted
         self._donated = _steps().donated_positions(fun, jit_kwargs or {}) if fun is not None else ()
+        self._static_positions, self._static_names = _static_arguments(fun, jit_kwargs or {})
         self._pin_path = pin_path
         self._report_path = report_path
         self._programs: List[Tuple[Any, Any]] = []  # (signature, compiled)
@@ -236,6 +238,9 @@ class PinnedStep:
         compiled = self._program(signature, args, kwargs)
         if compiled is None:
             return self._jitted(*args, **kwargs)
+        if self._static_positions or self._static_names:  # a compiled program takes the dynamic arguments only
+            args = tuple(a for i, a in enumerate(args) if i not in self._static_positions)
+            kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
         return compiled(*args, **kwargs)
 
     def _program(self, signature: Any, args: tuple, kwargs: dict) -> Any:
@@ -492,6 +497,27 @@ def _steps() -> Any:
     return jaxfit_steps
 
 
+def _static_arguments(fun: Any, jit_kwargs: Dict[str, Any]) -> "Tuple[frozenset, frozenset]":
+    """``(positions, names)`` of the arguments ``jax.jit(fun, **jit_kwargs)`` takes as static
+    (``static_argnums``, ``static_argnames``, each mapped to the other through ``fun``'s
+    signature, as jax does): a compiled program is called without them (equinox's ``filter_jit``
+    passes its static part as argument 2)."""
+    nums = jit_kwargs.get("static_argnums")
+    nums = () if nums is None else ((nums,) if isinstance(nums, int) else tuple(nums))
+    names = jit_kwargs.get("static_argnames")
+    names = () if names is None else ((names,) if isinstance(names, str) else tuple(names))
+    params: "List[str]" = []
+    if fun is not None:
+        _importable()
+        import jaxfit_compile_server as server_mod
+
+        params = server_mod.positional_parameters(fun)
+    positions = {n if n >= 0 else len(params) + n for n in nums}
+    positions.update(i for i, name in enumerate(params) if name in names)
+    all_names = set(names) | {params[i] for i in positions if 0 <= i < len(params)}
+    return frozenset(positions), frozenset(all_names)
+
+
 def write_report(path: Optional[str], fields: Dict[str, Any]) -> None:
     """Merge ``fields`` and what the process has seen (the step's name, calls, what it does, other
     train steps) into the report at ``path`` (None: nowhere)."""
@@ -504,11 +530,18 @@ def write_report(path: Optional[str], fields: Dict[str, Any]) -> None:
     report["step_repeated"] = report["step_calls"] >= 2
     if not path:
         return
+    with _REPORT_LOCK:
+        if not _FINAL_REPORT:  # written again as the process ends: the calls counted to the end
+            _FINAL_REPORT.append(True)
+            atexit.register(write_report, None, {})
     try:
         _write_json(path, report)
     except OSError as e:
         print("jaxfit: cannot write %s: %s" % (path, e), file=sys.stderr, flush=True)
 
+
+_FINAL_REPORT: List[bool] = []
+"""Set once the report is to be written again at exit (:func:`write_report`)."""
 
 WATCHED_CALLS = 8
 """Calls of another jitted function watched before it is left alone (it showed it is no train step)."""

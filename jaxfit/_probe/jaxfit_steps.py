@@ -5,15 +5,23 @@ functions, above all an evaluation step that a trainer calls on a few batches be
 Call counts cannot tell them apart (an evaluation at step 0 calls its step first, and more than
 once), so jaxfit looks at what each function *does*, by tracing it (nothing runs):
 
-- a **train step** takes the state next to a batch and returns it updated: some part of its output
-  has the structure, shapes and dtypes of a non-batch argument (or of one of that argument's
-  top-level parts), and that part holds a floating-point array of rank >= 1 (parameters), so a
-  step counter, a loss or a PRNG key alone never counts. Donating that argument
-  (``donate_argnums`` or ``donate_argnames``) is the usual sign, but it is neither needed nor
-  enough: a donated argument that is not returned is not an update;
+- a **train step** takes the state next to a batch and returns it updated, judged leaf by leaf
+  (the flattened arrays, wherever they sit in the argument and output trees, so a library's
+  wrapper nesting them a level deeper changes nothing): outputs *computed* by the step (not an
+  input handed back unchanged) have the shapes and dtypes of floating-point arrays of rank >= 1
+  among its non-batch arguments (parameters), at least two of them or the only one there is. A
+  step counter, a loss or a PRNG key alone never counts, nor does an evaluation that hands its
+  model back untouched (flax NNX returns every graph node's state from every jitted call).
+  Donating an argument (``donate_argnums`` or ``donate_argnames``) is the usual sign, but it is
+  neither needed nor enough: a donated argument that is not returned is not an update;
 - an **evaluation step** takes the state and a batch and returns metrics: nothing of the state
   comes back. It may run during a probe (evaluation is not training);
 - anything without a batch next to other arrays (a data transform, an initialiser) is no step.
+
+The batch is a positional argument whose arrays all lead with one size (openpi's, this
+repository's); where the batch shares an argument with the state (equinox's ``filter_jit`` packs
+every argument into one), it is the arrays at the end of the flattened arguments that share one
+leading size and are not returned updated.
 
 Standard library + jax only, Python 3.9+: it runs in the script's own environment.
 """
@@ -88,71 +96,132 @@ def donated_positions(fun: Any, jit_kwargs: "Dict[str, Any]") -> "Tuple[int, ...
     return tuple(sorted(positions))
 
 
-def _signature(tree: Any) -> Any:
-    """What must be equal for an output part to be an argument updated: structure, shapes, dtypes."""
-    return _server().tree_signature(tree)
-
-
-def _parts(tree: Any) -> list:
-    """``tree`` and its top-level parts (the items of a tuple, list or dict, the fields of a
-    dataclass-like pytree are not split: a state is matched whole or by its container's items)."""
-    out = [tree]
-    if isinstance(tree, (tuple, list)):
-        out.extend(tree)
-    elif isinstance(tree, dict):
-        out.extend(tree.values())
-    return out
-
-
-def _substantial(tree: Any) -> bool:
-    """Whether ``tree`` holds a floating-point array of rank >= 1 (parameters, not a counter,
-    a loss or a PRNG key)."""
+def _floating(x: Any) -> bool:
+    """Whether ``x`` is a floating-point array of rank >= 1 (parameters, not a counter, a loss or a
+    PRNG key)."""
     import jax.numpy as jnp
 
-    for x in leaves(tree):
-        try:  # jax's own test: numpy does not count bfloat16 (ml_dtypes) as floating
-            floating = bool(jnp.issubdtype(x.dtype, jnp.floating))
-        except TypeError:  # extended dtypes (PRNG keys)
-            floating = False
-        if floating and len(x.shape) >= 1:
-            return True
-    return False
+    try:  # jax's own test: numpy does not count bfloat16 (ml_dtypes) as floating
+        floating = bool(jnp.issubdtype(x.dtype, jnp.floating))
+    except TypeError:  # extended dtypes (PRNG keys)
+        floating = False
+    return floating and len(x.shape) >= 1
 
 
-def _abstract_args(args: tuple) -> list:
-    """Each argument as the abstract values jax sees (so Python scalars compare as arrays do)."""
+def _signature_of(x: Any) -> "Tuple[Tuple[int, ...], str]":
+    return tuple(int(d) for d in x.shape), str(x.dtype)
+
+
+def computed_outputs(jitted: Any, args: tuple, kwargs: "Dict[str, Any]") -> "list":
+    """The output arrays a call computes, as abstract values: tracing only (nothing runs). An output
+    that is one of the inputs handed back unchanged is left out (it updates nothing), where this jax
+    can tell (``jit(...).trace``, jax 0.4.36 and newer); elsewhere every output counts."""
     import jax
 
+    with _server().runtime_typechecks_off():
+        trace = getattr(jitted, "trace", None)
+        if trace is not None:
+            try:
+                closed = trace(*args, **kwargs).jaxpr
+                inner = closed.jaxpr
+                invars = set(inner.invars)
+                out = []
+                for var, aval in zip(inner.outvars, closed.out_avals):
+                    try:
+                        handed_back = var in invars
+                    except TypeError:  # a literal: a constant, computed from nothing
+                        handed_back = True
+                    if not handed_back and hasattr(aval, "shape"):
+                        out.append(aval)
+                return out
+            except AttributeError:  # a wrapper whose trace is not jax's
+                pass
+        return leaves(jax.eval_shape(jitted, *args, **kwargs))
+
+
+class Selection:
+    """Which arrays of a call are its batch.
+
+    Attributes:
+      ids: ``id()`` of each batch array among the call's arguments.
+      size: Their leading size (the batch size the script called with).
+      index: The positional argument that is the batch, when one is; None when the batch arrays
+        sit inside arguments that hold other things too.
+      count: How many arrays the batch has.
+    """
+
+    def __init__(self, ids: "frozenset", size: int, index: Optional[int], count: int) -> None:
+        self.ids = ids
+        self.size = size
+        self.index = index
+        self.count = count
+
+    def where(self) -> str:
+        """In words, for messages."""
+        if self.index is not None:
+            return "argument %d" % self.index
+        return "%d array%s of leading size %d" % (self.count, "" if self.count == 1 else "s", self.size)
+
+
+def find_batch(
+    args: tuple, kwargs: "Dict[str, Any]", batch_size: Optional[int], updated: "frozenset" = frozenset()
+) -> Selection:
+    """The batch of a call: the positional argument whose arrays all lead with the batch size
+    (:func:`find_batch_arg`), else (no argument holds the batch alone) the arrays at the end of the
+    flattened arguments that share one leading size, stopping at one that comes back updated
+    (``updated``: their ids) or leads with another size. ``batch_size``: the size the command line gave, when it did.
+
+    Raises:
+      ValueError: no arrays look like a batch.
+    """
+    import jax
+
+    try:
+        index, size = find_batch_arg(args, batch_size)
+        found = leaves(args[index])
+        return Selection(frozenset(id(x) for x in found), size, index, len(found))
+    except ValueError as e:
+        error = e
+    if os.environ.get(BATCH_ARG_ENV) is not None:
+        raise error
+    run: "list" = []
+    for x in reversed(
+        [x for x in jax.tree_util.tree_leaves((args, kwargs)) if hasattr(x, "shape") and hasattr(x, "dtype")]
+    ):
+        if len(x.shape) == 0:
+            continue
+        if id(x) in updated or (run and int(x.shape[0]) != int(run[0].shape[0])):
+            break
+        run.append(x)
+    if run and (batch_size is None or int(run[0].shape[0]) == batch_size):
+        return Selection(frozenset(id(x) for x in run), int(run[0].shape[0]), None, len(run))
+    raise error
+
+
+def updated_arrays(
+    args: tuple, kwargs: "Dict[str, Any]", computed: "list", batch_ids: "frozenset" = frozenset()
+) -> "list":
+    """The input arrays that ``computed`` (abstract outputs) replace: floating-point arrays of rank
+    >= 1 (not of the batch, ``batch_ids``) with an output of their shape and dtype, each output
+    standing for one input."""
+    import collections
+
+    import jax
+
+    wanted = collections.Counter(_signature_of(x) for x in computed if _floating(x))
     out = []
-    for a in args:
-        try:
-            out.append(jax.eval_shape(lambda x: x, a))
-        except Exception:
-            out.append(a)
+    for x in jax.tree_util.tree_leaves((args, kwargs)):
+        if hasattr(x, "shape") and hasattr(x, "dtype") and _floating(x) and id(x) not in batch_ids:
+            key = _signature_of(x)
+            if wanted[key] > 0:
+                wanted[key] -= 1
+                out.append(x)
     return out
 
 
-def updated_argument(args: tuple, out: Any, batch_index: int) -> "Optional[Tuple[int, str]]":
-    """``(index, part)`` of the first non-batch argument whose value (``part == ''``) or one of whose
-    top-level parts (``part == '[k]'``) comes back in ``out`` (abstract), or None."""
-    wanted = {}
-    for part in _parts(out):
-        if _substantial(part):
-            wanted.setdefault(_signature(part), True)
-    if not wanted:
-        return None
-    abstract = _abstract_args(args)
-    for i, arg in enumerate(abstract):
-        if i == batch_index or not _substantial(arg):
-            continue
-        if _signature(arg) in wanted:
-            return i, ""
-        parts = _parts(arg)[1:]
-        keys = list(arg.keys()) if isinstance(arg, dict) else list(range(len(parts)))
-        for key, part in zip(keys, parts):
-            if _substantial(part) and _signature(part) in wanted:
-                return i, "[%r]" % (key,)
-    return None
+def _positions(args: tuple, ids: "frozenset") -> "list":
+    """The positional arguments holding any of the arrays ``ids``."""
+    return [i for i, a in enumerate(args) if any(id(x) in ids for x in leaves(a))]
 
 
 class Kind:
@@ -166,6 +235,9 @@ class Kind:
       donated: The positional arguments it donates.
       traced: Whether its output was traced (False: tracing failed and donation alone decided).
       why: In words, for messages.
+      updated_positions: Where the arrays it returns updated sit among the call's flattened
+        arguments (``jax.tree_util.tree_leaves((args, kwargs))``): the same for every call of one
+        signature.
     """
 
     def __init__(
@@ -177,7 +249,9 @@ class Kind:
         donated: "Tuple[int, ...]",
         traced: bool,
         why: str,
+        updated_positions: "Tuple[int, ...]" = (),
     ) -> None:
+        self.updated_positions = updated_positions
         self.step_like = step_like
         self.updates_state = updates_state
         self.batch_arg = batch_arg
@@ -206,58 +280,94 @@ class Kind:
         }
 
 
-def classify(jitted: Any, args: tuple, kwargs: "Dict[str, Any]", donated: "Tuple[int, ...]") -> Kind:
-    """What a call ``jitted(*args, **kwargs)`` does, by tracing it (:func:`jax.eval_shape`; nothing
-    runs, nothing is allocated). With jaxtyping's run-time checks off while tracing, as when lowering.
+def classify(
+    jitted: Any,
+    args: tuple,
+    kwargs: "Dict[str, Any]",
+    donated: "Tuple[int, ...]",
+    batch_size: Optional[int] = None,
+) -> Kind:
+    """What a call ``jitted(*args, **kwargs)`` does, by tracing it (nothing runs, nothing is
+    allocated). With jaxtyping's run-time checks off while tracing, as when lowering.
+    ``batch_size``: the batch size the command line gave, when it did.
     """
     try:
-        batch, _ = find_batch_arg(args, None)
+        computed = computed_outputs(jitted, args, kwargs)
+        traced = True
+    except Exception as e:
+        computed, traced, failure = [], False, type(e).__name__
+    updated = updated_arrays(args, kwargs, computed)
+    try:
+        batch = find_batch(args, kwargs, batch_size, frozenset(id(x) for x in updated))
     except (ValueError, IndexError):
-        return Kind(False, False, None, None, donated, False, "it takes no batch")
-    others = [i for i in range(len(args)) if i != batch and leaves(args[i])]
-    if not others:
-        return Kind(False, False, batch, None, donated, False, "it takes a batch and nothing else (a data transform)")
+        return Kind(False, False, None, None, donated, traced, "it takes no batch")
     import jax
 
-    try:
-        with _server().runtime_typechecks_off():
-            out = jax.eval_shape(jitted, *args, **kwargs)
-    except Exception as e:
-        state = [i for i in others if i in donated]
-        why = "its output could not be traced (%s)" % type(e).__name__
+    others = [
+        x
+        for x in jax.tree_util.tree_leaves((args, kwargs))
+        if hasattr(x, "shape") and hasattr(x, "dtype") and id(x) not in batch.ids
+    ]
+    if not others:
+        return Kind(
+            False, False, batch.index, None, donated, traced, "it takes a batch and nothing else (a data transform)"
+        )
+    if not traced:
+        state = [i for i in range(len(args)) if i != batch.index and i in donated and leaves(args[i])]
+        why = "its output could not be traced (%s)" % failure
         if state:
             return Kind(
                 True,
                 True,
-                batch,
+                batch.index,
                 state[0],
                 donated,
                 False,
-                "%s; it donates argument %d next to a batch (argument %d)" % (why, state[0], batch),
+                "%s; it donates argument %d next to a batch (%s)" % (why, state[0], batch.where()),
             )
-        return Kind(True, False, batch, None, donated, False, "%s and it donates no state" % why)
-    found = updated_argument(args, out, batch)
-    if found is None:
+        return Kind(True, False, batch.index, None, donated, False, "%s and it donates no state" % why)
+    updated = updated_arrays(args, kwargs, computed, batch.ids)
+    parameters = [x for x in others if _floating(x)]
+    if not updated or (len(updated) < 2 and len(parameters) > 1):
         return Kind(
             True,
             False,
-            batch,
+            batch.index,
             None,
             donated,
             True,
-            "it takes a batch (argument %d) and returns none of its other arguments updated" % batch,
+            "it takes a batch (%s) and returns none of its other arguments updated" % batch.where(),
         )
-    index, part = found
+    updated_ids = frozenset(id(x) for x in updated)
+    flat = jax.tree_util.tree_leaves((args, kwargs))
+    positions = _positions(args, updated_ids)
+    state_arg = positions[0] if positions else None
+    where = "argument %s" % ", ".join(str(i) for i in positions) if positions else "its keyword arguments"
     return Kind(
         True,
         True,
-        batch,
-        index,
+        batch.index,
+        state_arg,
         donated,
         True,
-        "it returns argument %d%s updated (same structure, shapes and dtypes)%s and takes a batch (argument %d)"
-        % (index, part, ", donated" if index in donated else "", batch),
+        "it returns %d of the %d arrays of %s updated (computed, same shapes and dtypes)%s and takes a batch (%s)"
+        % (
+            len(updated),
+            len(parameters),
+            where,
+            ", donated" if state_arg in donated else "",
+            batch.where(),
+        ),
+        tuple(i for i, x in enumerate(flat) if id(x) in updated_ids),
     )
+
+
+def arrays_at(args: tuple, kwargs: "Dict[str, Any]", positions: "Tuple[int, ...]") -> "frozenset":
+    """``id()`` of the arrays at ``positions`` among the call's flattened arguments (:attr:`Kind.updated_positions`)."""
+    import jax
+
+    flat = jax.tree_util.tree_leaves((args, kwargs))
+    return frozenset(id(flat[i]) for i in positions if i < len(flat))
 
 
 def call_signature(args: tuple, kwargs: "Dict[str, Any]") -> Any:

@@ -58,6 +58,14 @@ HELP_CHECK_EXIT = 97
 OWNER_ENV = "JAXFIT_HOOK_OWNER"
 LIBRARY_MODULES = ("jax", "jaxlib", "flax", "optax", "orbax", "chex", "equinox", "numpy", "scipy", "ml_dtypes")
 """Packages whose own jitted functions are never the train step (nor watched, nor reported)."""
+USER_FUNCTION_WRAPPERS = {"equinox._jit": "fun_wrapped"}
+"""Functions that a library jits on behalf of the script's own (module -> the wrapper's name before
+the library renames it): equinox's ``filter_jit`` jits ``fun_wrapped``, named after the user's
+function, in its own module. They are the script's functions, known by the user's name. (flax's
+``nnx.jit`` wrappers carry the user's module and name themselves, through ``functools.update_wrapper``.)"""
+GRADIENTS = ("grad", "value_and_grad", "vjp")
+"""jax's transforms that a train step calls: in a probe, one called outside any trace means the
+script trains without jit (:func:`_guard_gradients`)."""
 _lock = threading.Lock()
 _seen: "list[str]" = []
 _channels: "list[Any]" = []
@@ -159,6 +167,69 @@ def _resized(tree: Any, batch: int) -> Any:
     return _rebuilt(tree, lambda x: _abstract(x, batch))
 
 
+def _resized_arrays(tree: Any, ids: "frozenset", batch: int) -> Any:
+    """``tree`` with the arrays ``ids`` (a batch inside arguments that hold other things too)
+    replaced by abstract ones of leading size ``batch`` (:func:`_rebuilt`)."""
+    return _rebuilt(tree, lambda x: _abstract(x, batch) if id(x) in ids else x)
+
+
+def _resized_ids(original: Any, resized: Any, ids: "frozenset") -> list:
+    """The arrays of ``resized`` that stand where ``original`` has the arrays ``ids``."""
+    import jax
+
+    before = jax.tree_util.tree_leaves(original)
+    after = jax.tree_util.tree_leaves(resized)
+    return [y for x, y in zip(before, after) if id(x) in ids]
+
+
+def _user_arguments(fun: Any, args: tuple, kwargs: dict, server_mod: Any) -> "tuple[tuple, list[str]]":
+    """The step's arguments as the user's function takes them, and their names: equinox's
+    ``filter_jit`` packs them into dicts (``first``, ``rest``), which are unpacked here, named from
+    the user's signature (found in equinox's ``_call`` frame); other steps' arguments as they are."""
+    if getattr(fun, "__module__", "") == "equinox._jit" and len(args) == 3:
+        try:
+            from equinox._jit import hashable_combine
+
+            merged: "dict[str, Any]" = {}
+            for part in args[:2]:
+                merged.update(part)
+            _, static_first, static_rest = args[2]
+            first = hashable_combine(merged["first"], static_first)
+            rest_args, rest_kwargs = hashable_combine(merged["rest"], static_rest)
+            positional = (first,) + tuple(rest_args[:-1])  # equinox adds a None at the end
+            view = positional + ((rest_kwargs,) if rest_kwargs else ())
+            return view, _equinox_parameter_names(len(positional)) + (["kwargs"] if rest_kwargs else [])
+        except Exception:  # another equinox: its packed arguments, as they are
+            pass
+    return args, server_mod.argument_names(fun, len(args))
+
+
+def _equinox_parameter_names(count: int) -> "list[str]":
+    """The names of the first ``count`` parameters of the function equinox's ``filter_jit`` wraps,
+    from the ``jit_wrapper`` of equinox's ``_call`` up the stack (``argN`` where unknown)."""
+    names: "list[str]" = []
+    try:
+        frame = sys._getframe(1)
+        for _ in range(24):
+            if frame is None:
+                break
+            wrapper = frame.f_locals.get("jit_wrapper") if frame.f_code.co_name == "_call" else None
+            signature = getattr(wrapper, "_signature", None)
+            if signature is not None:
+                names = list(signature.parameters)[:count]
+                break
+            frame = frame.f_back
+    except Exception:  # names are a nicety
+        names = []
+    return names + ["arg%d" % i for i in range(len(names), count)]
+
+
+def _script_batch_size() -> "int | None":
+    """The batch size the script's command line gave (``$JAXFIT_PROBE_BATCH_SIZE``), when it did."""
+    given = os.environ.get("JAXFIT_PROBE_BATCH_SIZE")
+    return int(given) if given and given.isdigit() else None
+
+
 def _tiled(tree: Any, batch: int) -> Any:
     """``tree`` with every array replaced by one of leading size ``batch`` holding the array's own
     rows, repeated in turn, placed as :func:`_abstract` says: the script's real batch at the size
@@ -232,18 +303,28 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: A
 
     requests, replies = _open_channels()
     try:
-        given = os.environ.get("JAXFIT_PROBE_BATCH_SIZE")
-        index, seen_batch = _steps().find_batch_arg(args, int(given) if given else None)
+        steps = _steps()
+        selection = steps.find_batch(
+            args, kwargs, _script_batch_size(), steps.arrays_at(args, kwargs, getattr(kind, "updated_positions", ()))
+        )
+        index, seen_batch, ids = selection.index, selection.size, selection.ids
+
+        def resized(batch: int) -> "tuple[tuple, dict]":
+            if index is not None:
+                call_args = list(args)
+                call_args[index] = _resized(args[index], batch)
+                return tuple(call_args), kwargs
+            return _resized_arrays((args, kwargs), ids, batch)
 
         def lower(batch: int) -> Any:
-            call_args = list(args)
-            call_args[index] = _resized(args[index], batch)
-            return jitted.lower(*call_args, **kwargs)
+            call_args, call_kwargs = resized(batch)
+            return jitted.lower(*call_args, **call_kwargs)
 
         description = {
             "script": sys.argv,
             "step_name": _function_name(fun),
             "batch_arg": index,
+            "batch_arrays": selection.count,
             "script_batch_size": seen_batch,
             "step_found": found,
             "step_kind": kind.to_dict(),
@@ -254,12 +335,15 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: A
         mesh = server_mod.mesh_of(args)
         if mesh:  # the script's own mesh: the batch is split over its devices
             description["mesh"] = mesh
-        names = server_mod.argument_names(fun, len(args))
+        _, names = _user_arguments(fun, args, kwargs, server_mod)
 
         def components(batch: int) -> list:
-            call_args = list(args)
-            call_args[index] = _resized(args[index], batch)
-            return server_mod.describe_arguments(tuple(call_args), names, index)
+            call_args, call_kwargs = resized(batch)
+            if index is not None:
+                return server_mod.describe_arguments(call_args, names, index)
+            new_ids = frozenset(id(x) for x in _resized_ids((args, kwargs), (call_args, call_kwargs), ids))
+            view, _ = _user_arguments(fun, call_args, call_kwargs, server_mod)
+            return server_mod.describe_arguments(view, names, None, batch_ids=new_ids)
 
         donated = tuple(getattr(kind, "donated", ()) or ())
         # The script's own arguments, live: a timing (``jaxfit tune --measure inline``) runs the
@@ -282,9 +366,10 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: A
             {"name": _function_name(fun), "description": description},
             cache_path=os.environ.get(server_mod.CACHE_PATH_ENV) or None,
             components=components,
-            # a step called with keyword arguments is not run here (the compiled call takes them
-            # apart); its timing says so and a fresh process measures it
-            concrete=None if kwargs else concrete,
+            # a step called with keyword arguments, or whose batch shares its arguments with the state
+            # (equinox), is not run here (the compiled call takes them apart); its timing says so and a
+            # fresh process measures it
+            concrete=None if kwargs or index is None else concrete,
             donated=donated,
             keep_arguments=keep,
         )
@@ -374,7 +459,7 @@ class _Watched:
         key = steps.call_signature(args, kwargs)
         kind = self._kinds.get(key)
         if kind is None:
-            kind = steps.classify(self._jitted, args, kwargs, self._donated)
+            kind = steps.classify(self._jitted, args, kwargs, self._donated, _script_batch_size())
             if len(self._kinds) < 8:
                 self._kinds[key] = kind
         if kind.step_like and (self._name not in _kinds or kind.updates_state):
@@ -412,6 +497,8 @@ def _library_function(fun: Any) -> bool:
             module = getattr(fun, "__module__", None) or module
         else:
             break
+    if module in USER_FUNCTION_WRAPPERS and getattr(fun, "__name__", "") != USER_FUNCTION_WRAPPERS[module]:
+        return False  # a library's jit of a user's function (equinox's filter_jit)
     return module.split(".")[0] in LIBRARY_MODULES
 
 

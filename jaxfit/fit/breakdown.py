@@ -21,8 +21,9 @@ from jaxfit.fit.memory import MemoryReport
 
 Category = Literal["parameters", "optimizer state", "other state", "batch", "gradients", "activations and workspace"]
 
-PARAMETER_NAMES = frozenset({"params", "parameters", "weights", "variables"})
-"""Top-level state fields that hold the trained parameters."""
+PARAMETER_NAMES = frozenset({"params", "parameters", "weights", "variables", "model"})
+"""Top-level state fields that hold the trained parameters (``model``: an NNX or equinox model
+passed to the step whole)."""
 OPTIMIZER_NAMES = frozenset({"opt_state", "optimizer_state", "optimizer", "opt"})
 """Top-level state fields that hold the optimizer state."""
 
@@ -54,11 +55,11 @@ class Component:
 def _category(name: str) -> Category:
     if name == "batch":
         return "batch"
-    last = name.rsplit(".", 1)[-1]
-    if last in PARAMETER_NAMES:
-        return "parameters"
-    if last in OPTIMIZER_NAMES:
-        return "optimizer state"
+    for part in reversed(name.split(".")):  # the innermost known name decides: model.layers, state.params
+        if part in PARAMETER_NAMES:
+            return "parameters"
+        if part in OPTIMIZER_NAMES:
+            return "optimizer state"
     return "other state"
 
 
