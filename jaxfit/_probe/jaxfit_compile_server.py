@@ -273,8 +273,7 @@ def describe_arguments(
         others = lambda x: id(x) not in batch_ids  # noqa: E731
         for i, arg in enumerate(args):
             name = names[i] if i < len(names) else "arg%d" % i
-            children = _children(arg) or [("", arg)]
-            for field, value in children:
+            for field, value in _children(arg) or [("", arg)]:
                 size = tree_bytes(value, False, others)
                 if size:
                     label = "%s.%s" % (name, field) if field else name
