@@ -141,7 +141,8 @@ def test_the_train_step_is_proven_not_the_evaluation_that_runs_first(tmp_path, r
     assert found["step"]["called"] == {"_evaluate": 3, "_update": 1}
     assert found["step"]["called_kinds"] == {"_evaluate": "evaluation", "_update": "train step"}
     assert found["pin"]["step_name"] == "_update"
-    assert "proved: step '_update' (found: it returns argument 0 updated" in found["_printed"]
+    assert "proved: step '_update' (found: it returns " in found["_printed"]
+    assert "arrays of argument 0 updated" in found["_printed"]
     assert "# loads the proven program of '_update'" in found["_printed"]
     named = _fit(run_cli, tmp_path, "--step-name", "_update")  # named after other calls: no refusal
     no_eval = _fit(run_cli, tmp_path, flags=("--config.eval_steps=0",))

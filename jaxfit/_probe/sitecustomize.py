@@ -526,6 +526,9 @@ def _patch_jax(jax_module: Any) -> None:
             sys.stderr.flush()
             os._exit(jaxfit_pin.PIN_UNREADABLE_EXIT)
 
+    if STEP_NAME:
+        _guard_gradients(jax_module)
+
     def choose(jitted: Any, fun: Any, kwargs: "dict[str, Any]") -> Any:
         name = _function_name(fun)
         if STEP_NAME:
@@ -548,6 +551,67 @@ def _patch_jax(jax_module: Any) -> None:
         return _run_step(jitted, fun, kwargs, PIN)
 
     _replace_jit(jax_module, choose)
+
+
+def _guard_gradients(jax_module: Any) -> None:
+    """In a probe, a gradient taken outside any trace (``jax.grad``, ``jax.value_and_grad`` or
+    ``jax.vjp`` called on concrete arrays, directly or through flax's and equinox's own) means the
+    script trains without jit: it is stopped there, before that step runs, with one line saying to
+    jit it. Inside a jitted function the arguments are tracers, and nothing changes."""
+
+    def transform_guard(original: Any, name: str) -> Any:
+        @functools.wraps(original)
+        def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
+            inner = original(fun, *args, **kwargs)
+
+            @functools.wraps(inner)
+            def guarded(*call_args: Any, **call_kwargs: Any) -> Any:
+                _check_gradient(name, call_args, call_kwargs)
+                return inner(*call_args, **call_kwargs)
+
+            return guarded
+
+        return transform
+
+    def vjp_guard(original: Any) -> Any:
+        @functools.wraps(original)
+        def vjp(fun: Any, *primals: Any, **kwargs: Any) -> Any:
+            _check_gradient("vjp", primals, {})
+            return original(fun, *primals, **kwargs)
+
+        return vjp
+
+    for name in GRADIENTS:
+        original = getattr(jax_module, name, None)
+        if original is not None:
+            setattr(jax_module, name, vjp_guard(original) if name == "vjp" else transform_guard(original, name))
+
+
+def _check_gradient(name: str, args: tuple, kwargs: dict) -> None:
+    """Stop a probed script that takes a gradient of concrete arrays (:func:`_guard_gradients`)."""
+    if _serving or not _claim() or _steps().is_traced(args, kwargs):
+        return
+    import jax
+
+    if not any(hasattr(x, "shape") for x in jax.tree_util.tree_leaves((args, kwargs))):
+        return  # a gradient of Python numbers: no training state
+    _fail(
+        "the script takes a gradient (jax.%s) outside any jitted function, in %s: its train step is not jitted, "
+        "and jaxfit fits a jitted train step without running it; jit the step (jax.jit, flax's nnx.jit or "
+        "equinox's filter_jit) and fit again. The probe stopped the script before that step ran" % (name, _caller())
+    )
+
+
+def _caller() -> str:
+    """The script's own function (or file and line) that called into jax, from the stack."""
+    import traceback
+
+    skip = tuple(os.sep + m + os.sep for m in LIBRARY_MODULES) + (_HERE,)
+    for frame in reversed(traceback.extract_stack()[:-3]):
+        if not any(part in frame.filename for part in skip):
+            where = "%s:%d" % (os.path.basename(frame.filename), frame.lineno)
+            return "%s (%s)" % (frame.name, where) if frame.name != "<module>" else where
+    return "the script"
 
 
 def _run_step(jitted: Any, fun: Any, kwargs: "dict[str, Any]", pin: "str | None") -> Any:

@@ -110,7 +110,7 @@ def print_result(
     console.print(
         f"[bold]{result.message}[/]\n"
         f"proved: {result.step_phrase()}\n"
-        f"fraction {result.mem_fraction:.2f} of {format_bytes(total)} -> limit {format_bytes(result.limit_bytes)}, "
+        f"fraction {result.mem_fraction:g} of {format_bytes(total)} -> limit {format_bytes(result.limit_bytes)}, "
         f"headroom {format_bytes(result.headroom_bytes)}, budget {format_bytes(result.budget_bytes)}\n"
         f"{result.compiles} compiles in {result.rounds} rounds, {result.wall_seconds:.1f} s"
         + (" (answer cache)" if result.cached else "")

@@ -128,7 +128,10 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
         unknown = _unknown_choice(command, output)
         if unknown:
             raise ConfigError(unknown)
-        if fix is None and flag == DEFAULT_BATCH_FLAG:
+        carried = batch_like_flags(command)
+        if fix is None and carried:
+            fix = f"the command carries {carried[0]}: pass --batch-flag={carried[0]}"
+        elif fix is None and flag == DEFAULT_BATCH_FLAG:
             fix = f"pass --batch-flag=<its batch flag> (e.g. --batch-flag=--bs), or put {flag}=N in the command"
         elif fix is None:
             fix = (
@@ -136,6 +139,24 @@ def check_batch_flag(command: list[str], flag: str, timeout: float = 120.0, fix:
                 f"config flags), put {flag}=N in the command"
             )
         raise ConfigError(f"the command's --help does not mention {flag}; {fix}")
+
+
+BATCH_LIKE = re.compile(r"^(--?[\w.-]*(?:batch[_-]?size|bsz|(?<![\w])bs)[\w.-]*)(?:=(\d+))?$", re.IGNORECASE)
+"""A flag that names a batch size (``--config.batch_size``, ``--train-batch-size``, ``--bs``)."""
+
+
+def batch_like_flags(command: Sequence[str]) -> list[str]:
+    """The flags of ``command`` that look like its batch size and carry a whole number
+    (``--config.batch_size=2`` or ``--config.batch_size 2``): what its batch flag probably is."""
+    found = []
+    for i, word in enumerate(command):
+        m = BATCH_LIKE.match(word)
+        if not m:
+            continue
+        value = m.group(2) or (command[i + 1] if i + 1 < len(command) else "")
+        if value.isdigit() and m.group(1) not in found:
+            found.append(m.group(1))
+    return found
 
 
 def _unknown_choice(command: Sequence[str], output: str) -> str | None:

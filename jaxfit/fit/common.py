@@ -106,11 +106,11 @@ def cleaning_probe_leftovers(fit: Callable[..., FitResult]) -> Callable[..., Fit
             with cleaned(source.cwd, exclude=(default_cache_path().parent, pins_root(use_cache=False))) as left:
                 result = fit(source, *args, progress=progress, **kwargs)
         except JaxfitError as err:
-            said = left.message()
+            said = left.message(source.command)
             if said:
                 raise type(err)(f"{err}; {said}") from None
             raise
-        said = left.message()
+        said = left.message(source.command)
         if said:
             result = dataclasses.replace(result, message=f"{result.message}; {said}")
             notify(progress, "note", text=said)

@@ -12,11 +12,11 @@ script's output folders as it found them, so around a fit of a script (:func:`cl
    ``$JAXFIT_PROBE_WRITES`` names the record's folder; data-loader workers too). When a probe
    ends and no other probe of the fit is alive (so a fit's next probe finds the folders as the
    first did: openpi refuses to start over its checkpoint folder), and again when the fit ends,
-   every path they created that still exists is removed, data or not, unless something
-   else wrote there: a folder the probe created that holds data it did not create (another
-   process, or a writer no audit event tells of, such as tensorstore or TF's event writer) stays,
-   with that data named, and only the probe's own files in it go; a file changed after the probes
-   ended stays, named. A folder that existed before keeps what it held; only what the probe added
+   every path they created that still exists is removed, data or not. A folder the probe created
+   goes as a whole, with what libraries wrote in it from C++ (orbax's arrays through tensorstore,
+   TF's event writer: no audit event tells of them), unless something wrote in it after the probes
+   ended or a live process holds a file in it open: then it is cleaned entry by entry, and what the
+   probe did not create stays, named. A file changed after the probes ended stays, named. A folder that existed before keeps what it held; only what the probe added
    goes. Nothing the probe did not create is removed, links are never followed, and what the
    probe fetched into a cache (``.cache``, ``$HF_HOME`` and the like, :data:`CACHE_VARIABLES`),
    jaxfit's own folders, environments and compiled Python are left alone, unsaid.
@@ -42,7 +42,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from jaxfit._probe import jaxfit_writes
@@ -69,7 +69,8 @@ SKIP_DIRS = frozenset(
 """Folder names never listed (and never removed): version control, environments, caches."""
 MAX_ENTRIES = 200_000
 """Entries listed at most; a larger working folder is not checked."""
-REDIRECT_HINT = "--probe-arg=--checkpoint-base-dir=/tmp/jaxfit-probe"
+PROBE_OUTPUTS = "/tmp/jaxfit-probe"
+"""Where the advice points a probe's outputs."""
 NEVER_REMOVED = frozenset(
     {".cache", "__pycache__", "site-packages", "dist-packages", ".git", ".hg", ".svn", "node_modules"}
 )
@@ -105,8 +106,9 @@ class Leftovers:
     kept: list[str] = dataclasses.field(default_factory=list)
     note: str | None = None
 
-    def message(self) -> str:
-        """One clause for the fit's message ('' when there is nothing to say)."""
+    def message(self, command: Sequence[str] = ()) -> str:
+        """One clause for the fit's message ('' when there is nothing to say). ``command``: the
+        script's command, whose own output flag the advice names when a kept path is below its value."""
         parts = []
         if self.removed:
             parts.append(
@@ -118,11 +120,28 @@ class Leftovers:
                 f"while the probe ran, {', '.join(self.kept[:6])}"
                 + (f" and {len(self.kept) - 6} more" if len(self.kept) > 6 else "")
                 + " appeared with data in it and was left in place: the real run may find it (remove it if the "
-                f"probe wrote it, and point the script's outputs elsewhere while probing, e.g. {REDIRECT_HINT})"
+                f"probe wrote it, {redirect_advice(command, self.kept)})"
             )
         if self.note:
             parts.append(self.note)
         return "; ".join(parts)
+
+
+def redirect_advice(command: Sequence[str], kept: Sequence[str]) -> str:
+    """How to keep a probe's outputs out of the real run's way, in the script's own words: its flag
+    whose value holds a kept path (``--config.workdir=/w`` and ``/w/0/state`` kept:
+    ``--probe-arg=--config.workdir=/tmp/jaxfit-probe``); without one, no flag is named."""
+    kept_paths = [os.path.realpath(p) for p in kept]
+    for i, word in enumerate(command):
+        flag, sep, value = word.partition("=")
+        if not sep and i + 1 < len(command) and word.startswith("-") and not command[i + 1].startswith("-"):
+            value = command[i + 1]
+        if not flag.startswith("-") or not value or value.isdigit():
+            continue
+        where = os.path.realpath(value)
+        if any(p == where or p.startswith(where + os.sep) for p in kept_paths):
+            return f"and point its outputs elsewhere while probing: --probe-arg={flag}={PROBE_OUTPUTS}"
+    return "and point the script's outputs elsewhere while probing, with --probe-arg and its own output flag"
 
 
 def listing(root: Path, exclude: frozenset[str] = frozenset()) -> set[str] | None:
@@ -290,6 +309,9 @@ def _clean(
                 return False
             os.unlink(path)
             return True
+        if _whole(path, ended):  # a folder the probe made, nothing written in it since: it goes, data and all
+            shutil.rmtree(path)
+            return True
         with os.scandir(path) as entries:
             children = sorted(entry.path for entry in entries)
         gone = []
@@ -306,6 +328,47 @@ def _clean(
     except OSError:
         kept.append(path)
         return False
+
+
+def _whole(folder: str, ended: float) -> bool:
+    """Whether a folder the probe created goes as a whole, with what is in it, whoever wrote it: the
+    probe's Python records its own writes, but not what libraries write from C++ (orbax's arrays
+    through tensorstore, TensorFlow's event files), and a checkpoint with its metadata removed and its
+    arrays left is a checkpoint the real run restores and crashes on. It stays, to be cleaned entry by
+    entry, when anything in it changed after the probes ended or a live process holds a file in it
+    open (another process writes there)."""
+    for where, _dirs, files in os.walk(folder, followlinks=False):
+        for name in [*files, *_dirs]:
+            try:
+                if os.lstat(os.path.join(where, name)).st_mtime > ended:
+                    return False
+            except FileNotFoundError:
+                continue
+    return not _open_by_others(folder)
+
+
+def _open_by_others(folder: str) -> bool:
+    """Whether a live process other than this one has a file below ``folder`` open (Linux's /proc;
+    elsewhere: False)."""
+    prefix = folder.rstrip(os.sep) + os.sep
+    mine = str(os.getpid())
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and p != mine]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or not ours to look at
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(prefix):
+                return True
+    return False
 
 
 def _clean_recorded(record: str, root: Path, exclude: frozenset[str], ended: float, result: Leftovers) -> list[str]:

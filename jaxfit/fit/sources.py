@@ -184,8 +184,27 @@ class ScriptSource:
         )
 
 
-SCRIPT_ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "CUDA_", "NVIDIA_", "NCCL_", "TPU_", "LIBTPU", "ROCR_", "HIP_", "PYTHON")
-"""Environment variables that reach the compiled step or what a script imports: in a script's key."""
+SCRIPT_ENV_PREFIXES = (
+    "XLA_",
+    "JAX_",
+    "TF_",
+    "CUDA_",
+    "NVIDIA_",
+    "NCCL_",
+    "TPU_",
+    "LIBTPU",
+    "ROCR_",
+    "HIP_",
+    "PYTHON",
+    "FLAX_",
+    "NNX_",
+    "EQX_",
+    "EQUINOX_",
+    "GRAIN_",
+)
+"""Environment variables that reach the compiled step or what a script imports: in a script's key.
+The libraries' own switches count: ``NNX_GRAPH_UPDATES=false`` traces another program than flax's
+default, and an answer fitted with it must not answer the command without it."""
 SCRIPT_ENV_NAMES = (
     "LD_LIBRARY_PATH",
     "LD_PRELOAD",
