@@ -232,3 +232,16 @@ def test_advice_names_the_flags_the_command_carries(tmp_path, run_cli):
         "--probe-arg=--out=/tmp/jaxfit-probe"
     )
     assert "--checkpoint-base-dir" not in redirect_advice(["python", "t.py", "--steps=3"], kept)
+
+
+def test_a_tf_data_trainer_answers_from_the_cache_again(tmp_path, run_cli, monkeypatch):
+    """TensorFlow's autograph writes the functions it converts into /tmp/__autograph_generated_file*.py
+    modules: the manifest once recorded one as a source of the script, the clean-up removed it, and
+    every repeat probed the script again ("... is gone")."""
+    steps = _steps_file(tmp_path, monkeypatch)
+    fit = _fit(run_cli, tmp_path, "tfdata_train.py")
+    assert steps.read_text() == ""
+    assert "__autograph_generated_file" in fit["message"], fit["message"]  # made by the probe, taken away
+    again = run_cli("fit", "--script", *FIT, "--", sys.executable, str(FIXTURES / "tfdata_train.py"))
+    assert again.returncode == 0 and "answered from the cache" in again.stderr, again.stderr[-2000:]
+    assert f"batch {fit['batch_size']} fits" in again.stdout
