@@ -238,9 +238,7 @@ class PinnedStep:
         compiled = self._program(signature, args, kwargs)
         if compiled is None:
             return self._jitted(*args, **kwargs)
-        if self._static_positions or self._static_names:  # a compiled program takes the dynamic arguments only
-            args = tuple(a for i, a in enumerate(args) if i not in self._static_positions)
-            kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        args, kwargs = _dynamic(args, kwargs, (self._static_positions, self._static_names))
         return compiled(*args, **kwargs)
 
     def _program(self, signature: Any, args: tuple, kwargs: dict) -> Any:
@@ -416,12 +414,14 @@ def _load_executable(pin: Dict[str, Any], pin_path: str, lowered: Any) -> Any:
     argument and output trees of ``lowered`` (raises when it is missing, changed or foreign)."""
     _importable()
     import jaxfit_compile_server as server_mod
+    import jaxfit_trust
     from jax.experimental import serialize_executable
 
     folder = os.path.dirname(os.path.abspath(pin_path))
     with open(os.path.join(folder, pin.get("executable", "executable.bin")), "rb") as f:
         payload = f.read()
     _check_whole(pin, payload)
+    jaxfit_trust.verify(pin, pin_path, payload)  # these very bytes are this user's jaxfit's, or nothing loads
     devices = _execution_devices(pin)
     if devices is not None and not _takes_execution_devices(serialize_executable.deserialize_and_load):
         devices = _default_placement(devices)
@@ -518,6 +518,18 @@ def _static_arguments(fun: Any, jit_kwargs: Dict[str, Any]) -> "Tuple[frozenset,
     return frozenset(positions), frozenset(all_names)
 
 
+def _dynamic(
+    args: tuple, kwargs: Dict[str, Any], static: "Tuple[frozenset, frozenset]"
+) -> "Tuple[tuple, Dict[str, Any]]":
+    """A call's arguments without its static ones (:func:`_static_arguments`): what a compiled program takes."""
+    positions, names = static
+    if not positions and not names:
+        return args, kwargs
+    return tuple(a for i, a in enumerate(args) if i not in positions), {
+        k: v for k, v in kwargs.items() if k not in names
+    }
+
+
 def write_report(path: Optional[str], fields: Dict[str, Any]) -> None:
     """Merge ``fields`` and what the process has seen (the step's name, calls, what it does, other
     train steps) into the report at ``path`` (None: nowhere)."""
@@ -549,9 +561,11 @@ WATCHED_CALLS = 8
 
 class OtherFunction:
     """Stands in for every other jitted function of a pinned training process: a function that
-    takes a batch and returns the state updated (:mod:`jaxfit_steps`) is a train step the pin does
-    not cover, so the process is stopped before its first call runs (exit :data:`GUARD_EXIT`):
-    the pinned program would not be what trains. Left alone after it has shown it is none."""
+    takes a batch and returns the state updated (:mod:`jaxfit_steps`) is a program the pin does not
+    cover, so before its first call runs it is compiled and checked against the proven budget: it
+    runs its checked program when it fits (an evaluation in training mode updates BatchNorm
+    statistics), and the process is stopped (exit :data:`GUARD_EXIT`) when it does not. Left alone
+    after it has shown it updates nothing."""
 
     def __init__(self, jitted: Any, fun: Any, jit_kwargs: Dict[str, Any], pinned_name: str, owner: Any) -> None:
         self._jitted = jitted
@@ -559,6 +573,8 @@ class OtherFunction:
         self._pinned_name = pinned_name
         self._owner = owner  # () -> whether this process is the one the hook acts in
         self._donated = _steps().donated_positions(fun, jit_kwargs)
+        self._static = _static_arguments(fun, jit_kwargs)
+        self._checked_programs: Dict[Any, Any] = {}  # call signature -> its own compile, checked
         self._watched = 0
         _stand_in(self, jitted)
 
@@ -566,9 +582,14 @@ class OtherFunction:
         return getattr(self._jitted, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        steps = _steps()
+        if self._checked_programs and self._owner() and not steps.is_traced(args, kwargs):
+            compiled = self._checked_programs.get(steps.call_signature(args, kwargs))
+            if compiled is not None:  # a state-updating call checked against the budget: its program
+                call_args, call_kwargs = _dynamic(args, kwargs, self._static)
+                return compiled(*call_args, **call_kwargs)
         if self._watched >= WATCHED_CALLS:
             return self._jitted(*args, **kwargs)
-        steps = _steps()
         if not self._owner() or steps.is_traced(args, kwargs):
             return self._jitted(*args, **kwargs)
         self._watched += 1
@@ -580,22 +601,63 @@ class OtherFunction:
         if kind.step_like:
             self._watched = WATCHED_CALLS  # classified: an evaluation is left alone from now on
         if kind.updates_state:
-            from jaxfit_compile_server import function_name
+            compiled = self._checked(args, kwargs, kind)
+            if compiled is not None:
+                if len(self._checked_programs) < MAX_SHAPES:
+                    self._checked_programs[steps.call_signature(args, kwargs)] = compiled
+                call_args, call_kwargs = _dynamic(args, kwargs, self._static)
+                return compiled(*call_args, **call_kwargs)
+        return self._jitted(*args, **kwargs)
 
-            name = function_name(self._fun)
-            reason = (
-                "the training loop calls %r, which updates the train state (%s), but the program jaxfit proved is "
-                "%r's" % (name, kind.why, self._pinned_name)
-            )
-            with _REPORT_LOCK:
-                _REPORT["other_train_steps"] = _REPORT["other_train_steps"] + [name]
-            write_report(None, {"program_pinned": False, "reason": reason, "stopped": True, "stopped_for": "step"})
+    def _checked(self, args: tuple, kwargs: dict, kind: Any) -> Any:
+        """This call updates the state, and it is not the proven program: its own compile, when it
+        fits the proven budget (an evaluation in training mode updating BatchNorm statistics, a
+        second optimizer's step); else the process is stopped before the call runs."""
+        from jaxfit_compile_server import function_name, memory_of, persistent_cache_off, runtime_typechecks_off
+
+        name = function_name(self._fun)
+        try:
+            budget = int(load_pin(os.environ.get(PIN_ENV, "")).get("budget_bytes") or 0) or None
+        except (OSError, ValueError):
+            budget = None
+        try:
+            with runtime_typechecks_off():
+                lowered = self._jitted.lower(*args, **kwargs)
+            with persistent_cache_off():
+                compiled = lowered.compile()
+            peak: Optional[int] = _peak(memory_of(compiled))
+        except Exception as e:  # cannot be checked: stopped, as an unproven train step
+            compiled, peak = None, None
+            why = "it could not be compiled for the check (%s: %s)" % (type(e).__name__, _first_line(e))
+        with _REPORT_LOCK:
+            _REPORT["other_train_steps"] = _REPORT["other_train_steps"] + [name]
+        if compiled is not None and peak is not None and (budget is None or peak <= budget):
             print(
-                "jaxfit: error: %s; it was stopped before that call ran instead of training unchecked. Fit the "
-                "train step with --step-name %s (jaxfit run does it for you with the same flag)" % (reason, name),
+                "jaxfit: %r also updates the train state (%s); it is not the program jaxfit proved, and its own "
+                "compile needs %s%s, so it runs"
+                % (name, kind.why, _format_bytes(peak), " of the %s budget" % _format_bytes(budget) if budget else ""),
                 file=sys.stderr,
                 flush=True,
             )
-            sys.stderr.flush()
-            os._exit(GUARD_EXIT)
-        return self._jitted(*args, **kwargs)
+            write_report(None, {})
+            return compiled
+        if peak is not None:
+            why = "its own compile needs %s, more than the %s budget" % (_format_bytes(peak), _format_bytes(budget))
+        reason = (
+            "the training loop calls %r, which updates the train state (%s), and %s; the program jaxfit proved is %r's"
+            % (
+                name,
+                kind.why,
+                why,
+                self._pinned_name,
+            )
+        )
+        write_report(None, {"program_pinned": False, "reason": reason, "stopped": True, "stopped_for": "step"})
+        print(
+            "jaxfit: error: %s; it was stopped before that call ran instead of running out of memory. If %r is the "
+            "train step, fit it with --step-name %s (jaxfit run takes the same flag)" % (reason, name, name),
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stderr.flush()
+        os._exit(GUARD_EXIT)

@@ -514,8 +514,10 @@ def _patch_jax(jax_module: Any) -> None:
         import jaxfit_pin
 
         try:  # a readable pin.json keeps the guard (its budget), even when its executable is damaged
-            pin_step = jaxfit_pin.load_pin(PIN).get("step_name")
+            pin_data = jaxfit_pin.load_pin(PIN)
+            pin_step = pin_data.get("step_name")
             run_step = run_step or pin_step
+            _refuse_untrusted(pin_data, PIN, jaxfit_pin.PIN_UNREADABLE_EXIT)
         except (OSError, ValueError) as e:  # no pin, no budget: the guard cannot be kept, so stop
             print(
                 "jaxfit: error: JAXFIT_PIN=%s cannot be read (%s: %s), so the train step could run unchecked; "
@@ -612,6 +614,23 @@ def _caller() -> str:
             where = "%s:%d" % (os.path.basename(frame.filename), frame.lineno)
             return "%s (%s)" % (frame.name, where) if frame.name != "<module>" else where
     return "the script"
+
+
+def _refuse_untrusted(pin: "dict[str, Any]", path: str, code: int) -> None:
+    """Stop the process, before anything is unpickled, when ``JAXFIT_PIN`` names a pin that is not
+    this user's own (:mod:`jaxfit_trust`): a pin is code run in this process."""
+    import jaxfit_trust
+
+    why = jaxfit_trust.problem(pin, path)
+    if why is None:
+        return
+    print(
+        "jaxfit: error: JAXFIT_PIN=%s is not loaded: %s. A pin is a program run in this process: use only pins "
+        "your own jaxfit wrote into your own cache (fit again for one), or run without JAXFIT_PIN" % (path, why),
+        file=sys.stderr,
+    )
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _run_step(jitted: Any, fun: Any, kwargs: "dict[str, Any]", pin: "str | None") -> Any:

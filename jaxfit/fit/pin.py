@@ -21,6 +21,7 @@ the reason in one line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxfit._probe import jaxfit_trust as trust
 from jaxfit._probe.jaxfit_cap import POOL_ENV
 from jaxfit._probe.jaxfit_pin import PIN_ENV, REPORT_ENV, load_pin
 from jaxfit.errors import ConfigError
@@ -106,12 +108,32 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 def pins_root(use_cache: bool = True) -> Path:
     """``<jaxfit cache folder>/pins``; with the cache off (``--no-cache``, which writes nothing to the
-    cache), a folder of the system's temporary directory instead, pruned the same way."""
+    cache), this user's private folder of the temporary directory instead
+    (:func:`jaxfit._probe.jaxfit_trust.temp_root`), pruned the same way."""
     if use_cache:
         return default_cache_path().parent / "pins"
-    import tempfile
+    return Path(trust.temp_root())
 
-    return Path(tempfile.gettempdir()) / f"jaxfit-pins-{os.getuid()}"
+
+def private_pins_root(root: Path) -> tuple[Path, str | None]:
+    """``(folder, note)``: ``root`` made private (:func:`jaxfit._probe.jaxfit_trust.private_folder`),
+    or, when the cache's pins folder cannot be (a cache folder that is a file, unwritable or
+    another user's), this user's private temporary pins folder, with a note saying why.
+
+    Raises:
+      UntrustedPin: neither can hold a pin.
+    """
+    try:
+        return Path(trust.private_folder(str(root))), None
+    except (OSError, trust.UntrustedPin) as e:
+        fallback = Path(trust.temp_root())
+        if root == fallback:
+            raise trust.UntrustedPin(f"{root}: {getattr(e, 'strerror', None) or e}") from None
+        why = f"{root} cannot hold pins ({getattr(e, 'strerror', None) or e})"
+        try:
+            return Path(trust.private_folder(str(fallback))), f"{why}: pinned in {fallback}"
+        except (OSError, trust.UntrustedPin) as e2:
+            raise trust.UntrustedPin(f"{why}, nor {fallback} ({getattr(e2, 'strerror', None) or e2})") from None
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -191,15 +213,21 @@ def pin_answer(
     step_name = str(child.workload_info.get("description", {}).get("step_name") or "")
     if not step_name:
         return None, "not pinned: the step's function name is unknown"
-    root = root or pins_root()
+    try:
+        root, moved = private_pins_root(root or pins_root())
+        trust.load_key(create=True)
+    except trust.UntrustedPin as e:
+        return None, f"not pinned: {e}"
     folder = root / (key or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
     try:
         if folder.exists():
             shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+        folder.mkdir(mode=0o700)
     except OSError as e:
         return None, f"not pinned: cannot write to {root}: {e.strerror or e}"
     reply = child.pin(batch, str(folder / EXECUTABLE_FILE))
+    with contextlib.suppress(OSError):
+        os.chmod(folder / EXECUTABLE_FILE, 0o600)
     pin, note = _describe(
         reply,
         folder,
@@ -217,6 +245,8 @@ def pin_answer(
         shutil.rmtree(folder, ignore_errors=True)
     else:
         prune(root, keep=folder)
+        if moved:
+            note = f"{note}; {moved}" if note else moved
     return pin, note
 
 
@@ -306,13 +336,20 @@ def _describe(
         "question_key": key,
         "created_at": time.time(),
     }
-    from jaxfit.files import write_json
-
     try:
-        write_json(folder / PIN_FILE, data)
-    except (OSError, ConfigError) as e:
+        data[trust.SIGNATURE_FIELD] = trust.sign(data, digest)
+        write_pin_file(folder / PIN_FILE, data)
+    except (OSError, ConfigError, trust.UntrustedPin) as e:
         return None, f"not pinned: cannot write {folder / PIN_FILE}: {getattr(e, 'strerror', None) or e}"
     return pin, note
+
+
+def write_pin_file(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``pin.json``, private to this user (mode 0600, as written whole)."""
+    from jaxfit.files import write_json
+
+    write_json(path, data)
+    os.chmod(path, 0o600)
 
 
 def discard_pin(pin: Pin | None) -> None:
@@ -335,10 +372,8 @@ def rehome(pin: Pin | None, key: str | None) -> Pin | None:
         source.rename(target)
         moved = dataclasses.replace(pin, path=str(target / PIN_FILE))
         data = json.loads((target / PIN_FILE).read_text())
-        data["summary"] = moved.to_dict()
-        from jaxfit.files import write_json
-
-        write_json(target / PIN_FILE, data)
+        data["summary"] = moved.to_dict()  # outside the signature
+        write_pin_file(target / PIN_FILE, data)
     except (OSError, ConfigError):
         return pin
     return moved
@@ -350,6 +385,9 @@ def run_environment(pin: Pin | None, mem_fraction: float) -> dict[str, str]:
     env = {fraction_variable(): f"{mem_fraction:g}"}  # the spelling of the shell it is pasted in
     if pin is not None:
         env.update({"PYTHONPATH": PROBE_DIR, PIN_ENV: pin.path})
+        key = trust.key_path()
+        if key != trust.default_key_path():  # a shell without jaxfit's variables finds the key that signed it
+            env[trust.KEY_ENV] = key
     return env
 
 
@@ -366,16 +404,15 @@ def env_words(env: Mapping[str, str]) -> list[str]:
 def copy_to(pin: Pin, folder: Path) -> Pin:
     """A copy of ``pin`` in ``folder`` (a schedule keeps its runs' pins in its own state folder, out
     of reach of the cache's pruning)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    trust.private_folder(str(folder))
     source = Path(pin.path).parent
     for name in (EXECUTABLE_FILE, PIN_FILE):
         shutil.copyfile(source / name, folder / name)
+        os.chmod(folder / name, 0o600)
     copied = dataclasses.replace(pin, path=str(folder / PIN_FILE))
     data = json.loads((folder / PIN_FILE).read_text())
-    data["summary"] = copied.to_dict()
-    from jaxfit.files import write_json
-
-    write_json(folder / PIN_FILE, data)
+    data["summary"] = copied.to_dict()  # outside the signature
+    write_pin_file(folder / PIN_FILE, data)
     return copied
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxfit._probe import jaxfit_trust as trust
 from jaxfit.errors import ConfigError
 from jaxfit.schedule.backends.local import (
     DEFAULT_GRACE_SECONDS,
@@ -153,6 +154,10 @@ def _luggage(spec: LaunchSpec, node: str) -> dict[str, Any]:
                 if f.is_file():
                     files[f"pin/{f.name}"] = f.read_bytes()
             inputs[var] = f"pin/{Path(path).name}"
+            key = spec.env.get(trust.KEY_ENV) or trust.key_path()
+            if os.path.isfile(key):  # the node checks the pin's signature with the user's own key
+                files["key/pin-key"] = Path(key).read_bytes()
+                inputs[trust.KEY_ENV] = "key/pin-key"
         else:
             inputs[var] = f"in/{var}/{Path(path).name}"
             files[inputs[var]] = Path(path).read_bytes()
@@ -227,9 +232,9 @@ def _make_task_function() -> Callable[..., int | dict[str, Any]]:
             away_folder = tempfile.mkdtemp(prefix="jaxfit-run-")
             for name, data in luggage["files"].items():
                 target = os.path.join(away_folder, name)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with open(target, "wb") as f:
-                    f.write(data)
+                os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+                with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                    f.write(data)  # private to this user: a pin is code, its key a secret
             env = dict(env)
             for var, name in luggage["inputs"].items():
                 env[var] = os.path.join(away_folder, name)
