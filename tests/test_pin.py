@@ -76,7 +76,8 @@ def test_the_fit_prints_the_environment_that_reproduces_the_proven_program(tmp_p
     command = [sys.executable, SHAPED, "--steps", "2"]
     fit = _fit_json(run_cli, tmp_path, *command, extra=("--max-batch", "64"))
     assert fit["pin"] and fit["pin_note"] is None
-    assert set(fit["env"]) == {"XLA_PYTHON_CLIENT_MEM_FRACTION", "PYTHONPATH", "JAXFIT_PIN"}
+    # the key that signed the pin, named because this test's cache is not the default one
+    assert set(fit["env"]) == {"XLA_PYTHON_CLIENT_MEM_FRACTION", "PYTHONPATH", "JAXFIT_PIN", "JAXFIT_PIN_KEY"}
     proc, report = _run_by_hand(tmp_path, fit, [*command, f"--batch-size={fit['batch_size']}"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report["program_pinned"] is True and report["pinned_peak_bytes"] == fit["peak_bytes"]
@@ -133,16 +134,18 @@ def test_a_damaged_pin_runs_the_step_checked_not_pinned(tmp_path, run_cli):
     assert report["program_pinned"] is False and "could not be loaded" in report["reason"]
 
 
-def test_an_unwritable_cache_folder_answers_not_pinned_in_one_line(tmp_path, run_cli, monkeypatch):
+def test_an_unwritable_cache_folder_answers_pinned_in_the_private_temporary_folder(tmp_path, run_cli, monkeypatch):
+    """It once answered unpinned ("cannot write to .../pins") where --no-cache would pin."""
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("JAXFIT_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     proc = run_cli("fit", "--example", "mlp-tiny", "--device-memory", "8MiB", "--json", "fit.json")
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     fit = json.loads((tmp_path / "fit.json").read_text())
-    assert fit["pin"] is None and fit["pin_note"].startswith("not pinned: cannot write to")
-    assert "not pinned" in proc.stdout
+    private = tmp_path / f"jaxfit-pins-{os.getuid()}"
+    assert fit["pin"]["path"].startswith(str(private)) and f"pinned in {private}" in fit["pin_note"]
     assert len([line for line in proc.stderr.splitlines() if "cache" in line and "warning" in line]) == 1
 
 

@@ -100,6 +100,50 @@ def _peak(memory: Dict[str, Any]) -> int:
     )
 
 
+def _fraction_here() -> Optional[float]:
+    spelled = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or os.environ.get("XLA_CLIENT_MEM_FRACTION")
+    try:
+        return float(spelled) if spelled else None
+    except ValueError:
+        return None
+
+
+def _own_limit() -> Optional[int]:
+    """This process's own memory limit: the pool jaxfit set (``$JAXFIT_POOL_BYTES``), else the
+    allocator's limit, else (a CPU) the fraction of the host's memory, as jaxfit budgets a CPU."""
+    pool = os.environ.get("JAXFIT_POOL_BYTES")
+    if pool and pool.isdigit():
+        return int(pool)
+    _importable()
+    import jaxfit_compile_server as server_mod
+
+    info = server_mod.device_info()
+    if info.get("bytes_limit"):
+        return int(info["bytes_limit"])
+    fraction = _fraction_here()
+    if fraction is None or not info.get("host_memory_bytes"):
+        return None
+    return int(fraction * int(info["host_memory_bytes"]))
+
+
+def _foreign(pin: Dict[str, Any]) -> Optional[str]:
+    """What differs between the question a pin answered and this process (its fraction, device,
+    device count, jax), in words; None when nothing does (the step itself changed)."""
+    import jax
+
+    device = jax.devices()[0]
+    here = _fraction_here()
+    found = []
+    if here is not None and pin.get("mem_fraction") is not None and abs(float(pin["mem_fraction"]) - here) > 1e-9:
+        found.append("fraction %g in the fit, %g here" % (float(pin["mem_fraction"]), here))
+    kind = getattr(device, "device_kind", device.platform)
+    if pin.get("device_kind") and pin.get("device_kind") != kind:
+        found.append("device %s in the fit, %s here" % (pin.get("device_kind"), kind))
+    if pin.get("workload"):
+        found.append("it was fitted for %r" % pin.get("workload"))
+    return "; ".join(found) if len(found) > 1 or (found and not found[0].startswith("it was")) else None
+
+
 def _mismatch(pin: Dict[str, Any], fingerprint: str) -> Optional[str]:
     """Why the program of this call is not the pinned one, or None when it is."""
     import jax
@@ -348,6 +392,12 @@ class PinnedStep:
             compiled = lowered.compile()
         peak = _peak(server_mod.memory_of(compiled))
         budget = int(pin["budget_bytes"]) if pin and pin.get("budget_bytes") else None
+        own = _own_limit()
+        if pin is not None and own is not None and (budget is None or own < budget):
+            budget = own  # a pin made for another question guards nothing beyond this process's own pool
+        foreign = _foreign(pin) if pin is not None else None
+        if foreign:
+            reason = "%s; JAXFIT_PIN is a pin made for another question (%s)" % (reason, foreign)
         self._record(pinned=False, peak=peak, reason=reason, stopped=budget is not None and peak > budget)
         if pin is not None and budget is not None and peak > budget:
             print(

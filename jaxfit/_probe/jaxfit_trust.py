@@ -197,11 +197,19 @@ def verify(pin: Dict[str, Any], pin_path: str, payload: bytes) -> None:
 
 
 def problem(pin: Dict[str, Any], pin_path: str) -> Optional[str]:
-    """Why the pin at ``pin_path`` must not be loaded (None: it is this user's own, whole and signed)."""
+    """Why the pin at ``pin_path`` must not be used at all (None: it is this user's own and signed,
+    or its executable is not the one its ``pin.json`` describes: a damaged pin, which is never
+    loaded, so the step compiles as usual and is checked against the budget)."""
     try:
         folder = os.path.dirname(os.path.abspath(pin_path))
         with open(os.path.join(folder, str(pin.get("executable") or "executable.bin")), "rb") as f:
             payload = f.read()
+        recorded = pin.get("executable_sha256")
+        if len(payload) != pin.get("executable_bytes") or (
+            recorded and hashlib.sha256(payload).hexdigest() != recorded
+        ):
+            check_files(pin_path)
+            return None  # damaged: not loaded (jaxfit_pin checks it whole before anything else)
         verify(pin, pin_path, payload)
     except UntrustedPin as e:
         return str(e)

@@ -124,7 +124,10 @@ def print_result(
     if result.pinned:
         console.print(
             "(JAXFIT_PIN makes the train step load the very program proved above; without it the "
-            "training process compiles its own, which near the limit can need more memory)",
+            "training process compiles its own, which near the limit can need more memory. A pin is a "
+            "program: it loads only in your own processes, signed with your key"
+            + (f"; {result.pin_note}" if result.pin_note else "")
+            + ")",
             style="dim",
             highlight=False,
         )

@@ -85,8 +85,10 @@ def plan_command(
         raise JaxfitError("--set applies to built-in examples only; configure an --entry or a script in its own code")
     if options.device_memory_bytes is not None:
         raise JaxfitError("--device-memory is set per card by plan; give cards with --card NAME=SIZE")
-    if batch_size is not None and batch_size < 1:
-        raise JaxfitError(f"--batch-size {batch_size} must be at least 1 (the global batch to find a fraction for)")
+    if batch_size is not None:
+        from jaxfit.fit.options import check_batch_number
+
+        check_batch_number(batch_size, "--batch-size")
     for path in (json, markdown):
         if path:
             check_writable(path)

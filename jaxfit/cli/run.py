@@ -21,6 +21,7 @@ def run_command(
     dry_run: bool = False,
     json: str | None = None,
     quiet: bool = False,
+    grace: float = 30.0,
 ) -> int:
     """Fit, then run a training command with the chosen XLA_PYTHON_CLIENT_MEM_FRACTION and batch size, and log them to its own W&B run.
 
@@ -44,6 +45,7 @@ def run_command(
         dry_run: Print the command and environment that would run, and stop.
         json: Write the plan (command, settings, and the fit when there was one) to this file before the command starts.
         quiet: No fit progress.
+        grace: Seconds the command has to end after Ctrl-C or SIGTERM (forwarded to its whole process group) before it is killed (a second Ctrl-C kills at once); it is also killed when jaxfit itself dies.
     """
     parsed()
     from jaxfit.files import check_writable, write_json
@@ -51,6 +53,10 @@ def run_command(
 
     if json:
         check_writable(json)
+    if not grace >= 0:
+        from jaxfit.errors import ConfigError
+
+        raise ConfigError(f"--grace {grace:g} must be 0 or more seconds")
     visible: dict[str, str] = {}
     if gpus is not None:
         import os
@@ -79,7 +85,7 @@ def run_command(
     if dry_run:
         out.print(plan.describe(), highlight=False, soft_wrap=True)
         return 0
-    outcome = execute(plan, wandb_mode=wandb_mode)
+    outcome = execute(plan, wandb_mode=wandb_mode, grace_seconds=grace)
     err.print(f"[bold]jaxfit run:[/] exit code {outcome.exit_code}; {outcome.summary()}", highlight=False)
     if json:
         write_json(

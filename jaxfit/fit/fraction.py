@@ -28,7 +28,7 @@ from jaxfit.fit.common import (
     raise_compile_error,
 )
 from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome
-from jaxfit.fit.options import FitOptions
+from jaxfit.fit.options import FitOptions, check_batch_number
 from jaxfit.fit.pin import Pin, discard_pin, pin_answer, pins_root, rehome
 from jaxfit.fit.results import Candidate, FitResult
 from jaxfit.fit.search import Grid, SearchResult, search
@@ -126,8 +126,7 @@ def fit_fraction(
       ConfigError, DoesNotFitError, CompileError, WorkloadError, WorkerError: as :func:`fit_batch`.
     """
     start = time.perf_counter()
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    check_batch_number(batch_size, "--batch-size")
     options.validate()
     question = {
         "mode": "fraction",

@@ -17,6 +17,23 @@ DEFAULT_MEM_FRACTION = 0.45
 """The fraction fitted under when neither ``--mem-fraction`` nor $XLA_PYTHON_CLIENT_MEM_FRACTION is set."""
 DEFAULT_MAX_BATCH = 65536
 BATCH_LIMIT = 2**31 - 1
+"""The largest batch-like number jaxfit takes anywhere (a batch, a global batch, a bound): beyond any
+batch a device can hold, and what XLA's 32-bit dimensions allow."""
+
+
+def check_batch_number(value: int, flag: str) -> int:
+    """``value`` when it is a batch-like number jaxfit takes (1 to :data:`BATCH_LIMIT`).
+
+    Raises:
+      ConfigError: it is not, in one line naming ``flag``.
+    """
+    if value < 1:
+        raise ConfigError(f"{flag} {value} must be at least 1")
+    if value > BATCH_LIMIT:
+        raise ConfigError(f"{flag} {value} is beyond any batch a device can hold; use at most {BATCH_LIMIT}")
+    return value
+
+
 """The largest batch bound taken: XLA's dimensions are 64-bit, but a batch beyond 2^31 samples is
 no batch a device holds, and a bound of 10^20 once grew the search's memory without end."""
 """The largest batch a fit considers unless told otherwise."""

@@ -31,15 +31,27 @@ def accumulation_choices(global_batch: int, micro_limit: int) -> list[int]:
     ``micro_limit`` samples, fewest steps first (empty when ``micro_limit < 1``)."""
     if micro_limit < 1:
         return []
-    return [a for a in range(1, global_batch + 1) if global_batch % a == 0 and global_batch // a <= micro_limit]
+    return [a for a in divisors(global_batch) if global_batch // a <= micro_limit]
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending, found up to its square root: 46,341 trials for the largest
+    batch jaxfit takes (:data:`jaxfit.fit.options.BATCH_LIMIT`), where counting up to ``n`` took
+    seconds at 10^8 and never ended at 10^20."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def next_accumulation(global_batch: int, steps: int) -> int | None:
     """The next larger accumulation that divides ``global_batch`` (a smaller micro-batch), or None."""
-    for a in range(steps + 1, global_batch + 1):
-        if global_batch % a == 0:
-            return a
-    return None
+    return next((a for a in divisors(global_batch) if a > steps), None)
 
 
 def with_steps(

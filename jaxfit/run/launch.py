@@ -7,8 +7,9 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from jaxfit.fit.command import batch_value, check_batch_flag, hooked_pythonpath,
 from jaxfit.fit.common import Progress
 from jaxfit.fit.compiler import HOOK_VARIABLES
 from jaxfit.fit.devices import visible_device_count
+from jaxfit.fit.options import check_batch_number
 from jaxfit.fit.pin import Pin, hook_environment, pool_environment, read_report
 from jaxfit.fit.sources import ScriptSource
 from jaxfit.run.accumulation import ACCUM_FLAG, accumulated_command, fit_accumulated
@@ -204,11 +206,12 @@ def _plan_accumulated(
     progress: Progress | None,
 ) -> RunPlan:
     """:func:`plan_run` with ``--global-batch``: the batch flag at the global batch, accumulated."""
-    if global_batch < 1:
-        raise ConfigError(f"--global-batch {global_batch} must be at least 1 (samples per optimizer step)")
+    check_batch_number(global_batch, "--global-batch")
     _check_device_multiple("--global-batch", global_batch)
     accum_flag = source.accum_flag
-    if batch_size is not None and (batch_size < 1 or global_batch % batch_size):
+    if batch_size is not None:
+        check_batch_number(batch_size, "--batch-size")
+    if batch_size is not None and global_batch % batch_size:
         raise ConfigError(
             f"--global-batch {global_batch} is not a multiple of --batch-size {batch_size}; make it "
             "one, so that every optimizer step sees the same number of samples"
@@ -365,13 +368,42 @@ def outcome_of(
     )
 
 
-def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> RunOutcome:
+DEFAULT_GRACE_SECONDS = 30.0
+"""Seconds a command has to end after jaxfit forwarded it a signal, before it is killed."""
+PR_SET_PDEATHSIG = 1
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when jaxfit dies (Linux's
+    ``prctl(PR_SET_PDEATHSIG)``), bound before the fork; None where there is no such call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    kill = signal.SIGKILL
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0)
+
+    return arm
+
+
+def execute(
+    plan: RunPlan, *, wandb_mode: str | None = None, grace_seconds: float = DEFAULT_GRACE_SECONDS
+) -> RunOutcome:
     """Run the planned command; stream its output, forward Ctrl-C and SIGTERM; say how it went.
 
     The command runs in its own process session, so a signal jaxfit forwards reaches all of it
-    (data-loader workers included), and it is never left running when jaxfit ends. The start-up
-    hook loads the pinned program at the step's first call (or checks the step's own against the
-    budget) and reports it (:mod:`jaxfit._probe.jaxfit_pin`).
+    (data-loader workers included), and it is never left running when jaxfit ends: a command that
+    has not ended ``grace_seconds`` after the first signal jaxfit forwarded (a trainer that traps
+    SIGTERM to write a last checkpoint) is killed, with its process group, as it is at a second
+    Ctrl-C; and it is killed by the kernel when jaxfit itself dies, even by SIGKILL (Linux's
+    parent-death signal). The start-up hook loads the pinned program at the step's first call (or
+    checks the step's own against the budget) and reports it (:mod:`jaxfit._probe.jaxfit_pin`).
     """
     env = overlay_environment({k: v for k, v in os.environ.items() if k not in HOOK_VARIABLES}, plan.env)
     settings_path, report_path = _run_files(plan.settings)
@@ -383,11 +415,22 @@ def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> RunOutcome:
     env["PYTHONPATH"] = hooked_pythonpath()
     env["WANDB_MODE"] = resolve_mode(wandb_mode)  # offline without credentials, unless asked otherwise
     try:
-        proc = subprocess.Popen(plan.command, env=env, start_new_session=True)
+        proc = subprocess.Popen(plan.command, env=env, start_new_session=True, preexec_fn=_dies_with_parent())
     except OSError as e:
         raise ConfigError(f"cannot start {plan.command[0]!r}: {e.strerror}") from None
+    signalled: list[float] = []  # when jaxfit forwarded its first signal
+
+    def kill() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def forward(signum: int, _frame: Any) -> None:
+        if signalled:  # a second Ctrl-C or SIGTERM: no more grace
+            kill()
+            return
+        signalled.append(time.monotonic())
         try:
             os.killpg(proc.pid, signum)
         except ProcessLookupError:
@@ -395,7 +438,18 @@ def execute(plan: RunPlan, *, wandb_mode: str | None = None) -> RunOutcome:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = proc.wait()
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if signalled and time.monotonic() - signalled[0] > grace_seconds:
+                    print(
+                        f"jaxfit run: the command had not ended {grace_seconds:g} s after the signal; killed",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    kill()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

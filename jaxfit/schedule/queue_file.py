@@ -43,6 +43,7 @@ import yaml
 
 from jaxfit.errors import ConfigError
 from jaxfit.fit.budget import FRACTION_VARIABLE, NEW_FRACTION_VARIABLE, format_bytes, parse_size
+from jaxfit.fit.options import BATCH_LIMIT
 
 GpuSelection = Literal["all"] | int | tuple[int, ...]
 """Which GPUs a queue uses: ``"all"`` visible ones, the first ``N``, or these indices."""
@@ -355,6 +356,8 @@ def _parse_batch(value: Any, where: str, key: str, *, auto_ok: bool = True) -> i
     if not _is_int(value) or value < 1:
         what = "'auto' or a positive integer" if auto_ok else "a positive integer"
         raise ConfigError(f"{where}: {key}={value!r} must be {what}; write e.g. {key}: 32")
+    if value > BATCH_LIMIT:
+        raise ConfigError(f"{where}: {key}={value} is beyond any batch a device can hold; use at most {BATCH_LIMIT}")
     return value
 
 
@@ -373,6 +376,42 @@ def _parse_int(value: Any, where: str, key: str, minimum: int | None) -> int:
         need = "an integer" if minimum is None else f"an integer >= {minimum}"
         raise ConfigError(f"{where}: {key}={value!r} must be {need}; write e.g. {key}: {max(minimum or 0, 1)}")
     return value
+
+
+SCHEDULER_VARIABLES = {
+    "CUDA_VISIBLE_DEVICES": "the plan places each run on its GPUs (gpus: N asks for more)",
+    "NVIDIA_VISIBLE_DEVICES": "the plan places each run on its GPUs (gpus: N asks for more)",
+    "ROCR_VISIBLE_DEVICES": "the plan places each run on its GPUs (gpus: N asks for more)",
+    "HIP_VISIBLE_DEVICES": "the plan places each run on its GPUs (gpus: N asks for more)",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "each run holds the pool the plan gave it, preallocated, so the runs beside it fit",
+    "JAX_PLATFORMS": "a run goes to the platform the plan is for",
+}
+"""Variables a queue's ``env:`` may not set (with why): a run's placement and pool are the plan's.
+``PYTHONPATH`` may be set: it is appended after the start-up hook's folder."""
+
+
+class _DuplicateKey(Exception):
+    """A mapping of the queue file gives one key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (``name: a`` then ``name: b``,
+    which YAML itself resolves silently to the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: YAML's own error follows
+                continue
+            if first is not None:
+                raise _DuplicateKey(
+                    f"line {key_node.start_mark.line + 1}: {key!r} is given twice (first on line {first})"
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 def _parse_env(value: Any, where: str) -> Mapping[str, str]:
@@ -397,6 +436,11 @@ def _parse_env(value: Any, where: str) -> Mapping[str, str]:
                 f"{where}: env {key} is the scheduler's to set (each run's fraction is planned, and jax given both "
                 f"spellings starts on the CPU); write fraction: {env[key]} instead"
             )
+        owned = SCHEDULER_VARIABLES.get(key) or (
+            "jaxfit's own (the pin, its report and the start-up hook's orders)" if key.startswith("JAXFIT_") else None
+        )
+        if owned:
+            raise ConfigError(f"{where}: env {key} is the scheduler's to set: {owned}; remove it from env")
         if key == "XLA_PYTHON_CLIENT_ALLOCATOR" and env[key].strip().lower() == "platform":
             raise ConfigError(
                 f"{where}: env XLA_PYTHON_CLIENT_ALLOCATOR=platform gives the run an allocator without a limit, so "
@@ -543,7 +587,9 @@ def load_queue(path: str | Path) -> Queue:
         reason = getattr(err, "strerror", None) or str(err)
         raise ConfigError(f"cannot read queue file {source!r} ({_one_line(reason)}); check the path") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except _DuplicateKey as err:
+        raise ConfigError(f"{source}: {err}; keep one of them") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

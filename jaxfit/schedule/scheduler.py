@@ -237,8 +237,9 @@ class Scheduler:
             "JAXFIT_WANDB_CONFIG": str(settings_path.resolve()),
             "PYTHONUNBUFFERED": "1",
         }
-        path = os.environ.get("PYTHONPATH")
-        env["PYTHONPATH"] = PROBE_DIR + (os.pathsep + path if path else "")
+        queue_env = dict(self.env.get(record.name, {}))
+        paths = [p for p in (queue_env.pop("PYTHONPATH", None), os.environ.get("PYTHONPATH")) if p]
+        env["PYTHONPATH"] = os.pathsep.join([PROBE_DIR, *paths])  # the hook first: the queue's own after it
         if self.logical:
             env["JAX_PLATFORMS"] = "cpu"
         else:
@@ -246,7 +247,7 @@ class Scheduler:
         if self.options.wandb_group:
             env["WANDB_RUN_GROUP"] = self.options.wandb_group
         env["WANDB_MODE"] = resolve_mode(None)  # offline without credentials; a queue's env may override
-        env.update(self.env.get(record.name, {}))
+        env.update(queue_env)
         # the run checks, before its first step, that it holds its pool and no more (jaxfit_cap)
         env.update(pool_environment(record.mem_fraction, None if self.logical else self.totals[record.gpu]))
         pin = _pin_at(record.pin_path)

@@ -7,6 +7,7 @@ import sys
 from typing import Any, Literal
 
 from jaxfit.fit.command import with_batch
+from jaxfit.fit.options import check_batch_number
 from jaxfit.fit.sources import ExampleSource, ScriptSource
 from jaxfit.run.accumulation import accumulated_command
 from jaxfit.tune.space import Setting
@@ -125,8 +126,8 @@ class TuneOptions:
     def validate(self) -> TuneOptions:
         from jaxfit.errors import ConfigError
 
-        if self.global_batch is not None and self.global_batch < 1:
-            raise ConfigError(f"--global-batch {self.global_batch} must be at least 1")
+        if self.global_batch is not None:
+            check_batch_number(self.global_batch, "--global-batch")
         if self.warmup < 1 or self.steps < 1:
             raise ConfigError("--warmup and --steps must be at least 1 (the first step loads the program)")
         if self.budget_seconds is not None and not self.budget_seconds > 0:
