@@ -12,6 +12,11 @@ from typing import Any
 from jaxfit.errors import ConfigError
 
 
+def _suffix_for(flag: str) -> str:
+    """The file suffix a flag's file takes (``--markdown`` a ``.md``, ``--plot`` a ``.png``)."""
+    return {"--markdown": ".md", "--plot": ".png", "--png": ".png", "--timeline": ".png"}.get(flag, ".json")
+
+
 def check_writable(path: str | os.PathLike[str], flag: str = "--json") -> Path:
     """Fail early (before a long fit) if ``path`` could not be written: its folder is missing, not a
     folder or not writable (tried for real: a file is created there and removed), or it is a folder.
@@ -22,7 +27,7 @@ def check_writable(path: str | os.PathLike[str], flag: str = "--json") -> Path:
     p = Path(path)
     folder = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; give a file name such as {p / ('out' + (p.suffix or '.json'))}")
+        raise ConfigError(f"{flag} {path} is a folder; give a file name such as {p / ('out' + _suffix_for(flag))}")
     if not folder.is_dir():
         raise ConfigError(f"{flag} {path}: folder {folder} does not exist; create it or choose another path")
     try:

@@ -89,15 +89,21 @@ def plan_command(
         from jaxfit.fit.options import check_batch_number
 
         check_batch_number(batch_size, "--batch-size")
-    for path in (json, markdown):
+    for path, flag in ((json, "--json"), (markdown, "--markdown")):
         if path:
-            check_writable(path)
+            check_writable(path, flag)
     chosen: list[Card] = (list(DEFAULT_CARDS) if default_cards else []) + [parse_card(c) for c in cards]
     if not chosen:
         raise JaxfitError("no cards to plan for: give --card NAME=SIZE or drop --no-default-cards")
     names = [c.name for c in chosen]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
+        defaults = {c.name for c in DEFAULT_CARDS} if default_cards else set()
+        if repeated[0] in defaults:
+            raise JaxfitError(
+                f"--card {repeated[0]} is one of the default cards; pass --no-default-cards to plan your own "
+                "cards alone, or give it another name"
+            )
         raise JaxfitError(f"--card {repeated[0]} is given twice; give each card once (or name them apart)")
     options.validate()
     options.grid()

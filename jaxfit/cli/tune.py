@@ -23,7 +23,7 @@ def tune_command(
     overrides: Annotated[tuple[str, ...], tyro.conf.arg(name="set"), tyro.conf.UseAppendAction] = (),
     script: bool = False,
     global_batch: int | None = None,
-    remat: str = "none,full",
+    remat: str | None = None,
     precision: str = "float32,bfloat16",
     axes: Annotated[tuple[str, ...], tyro.conf.arg(name="axis"), tyro.conf.UseAppendAction] = (),
     warmup: int = 2,
@@ -69,7 +69,7 @@ def tune_command(
         overrides: Override a config key of the example for every setting, KEY=VALUE; repeatable.
         script: Tune a training script given after -- (its flags as --axis).
         global_batch: Samples per optimizer step to keep (micro-batch x accumulation); default: each setting's largest batch.
-        remat: Built-in examples: rematerialisation choices, comma-separated, of none, full, dots, dots_no_batch.
+        remat: Built-in examples: rematerialisation choices, comma-separated, of none, full, dots, dots_no_batch (default none,full; none alone for a model without remat, the MLPs).
         precision: Built-in examples: float32, bfloat16, comma-separated.
         axes: Scripts: a flag and its values, --axis=--FLAG=V1,V2; repeatable (the settings are their cross product).
         warmup: Steps run before timing (the first loads the program).
@@ -133,10 +133,13 @@ def tune_command(
             raise JaxfitError(
                 "--axis applies to scripts; give a built-in example's choices with --remat and --precision"
             )
-        from jaxfit.examples import parse_overrides
+        from jaxfit.examples import load_config, parse_overrides
 
-        target = Target(example=example_source(example_name(example), parse_overrides(overrides)))
-        settings = example_settings(_choices(remat), _choices(precision))
+        name = example_name(example)
+        target = Target(example=example_source(name, parse_overrides(overrides)))
+        has_remat = hasattr(load_config(name), "remat")
+        chosen = _choices(remat) if remat is not None else (["none", "full"] if has_remat else ["none"])
+        settings = example_settings(chosen, _choices(precision), has_remat)
     out, progress = consoles(quiet)
     result = tune(target, settings, options.validate(), tuning, progress=progress)
     out.print(tune_table(result))
@@ -207,6 +210,19 @@ def _check_axes(command: list[str], axes: tuple[str, ...], batch_flag: str, accu
 
     for axis in axes:
         flag, _ = parse_axis(axis)
+        carried = next(
+            (
+                word if "=" in word else f"{word} {command[i + 1]}" if i + 1 < len(command) else word
+                for i, word in enumerate(command)
+                if word == flag or word.startswith(flag + "=")
+            ),
+            None,
+        )
+        if carried is not None:
+            raise JaxfitError(
+                f"the command carries {carried} and --axis varies {flag}; drop {carried} from the command "
+                "(each setting sets it)"
+            )
         check_batch_flag(command, flag, fix=f"--axis names {flag}, which the script does not take; check its --help")
     check_batch_flag(command, batch_flag)
     if accum_flag:

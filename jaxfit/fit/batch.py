@@ -394,9 +394,14 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
     try:
         budget = budget_mod.budget_bytes(limit, options.headroom_bytes)
         if budget <= 0:
+            if options.headroom_bytes:
+                raise ConfigError(
+                    f"--headroom {budget_mod.format_bytes(options.headroom_bytes)} leaves no budget out of "
+                    f"{budget_mod.format_bytes(limit)}; lower it or raise --mem-fraction"
+                )
             raise ConfigError(
-                f"--headroom {budget_mod.format_bytes(options.headroom_bytes)} leaves no budget out of "
-                f"{budget_mod.format_bytes(limit)}; lower it or raise --mem-fraction"
+                f"--mem-fraction {fraction:g} of {budget_mod.format_bytes(total)} gives a limit of "
+                f"{budget_mod.format_bytes(limit)}: no budget for any batch; raise --mem-fraction"
             )
         device_count, mesh = mesh_facts(child.workload_info, info)
         if grid.step % device_count:

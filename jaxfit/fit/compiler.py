@@ -228,6 +228,10 @@ class CompileChild:
         """Start the child and wait until it has built the workload (or reached the step)."""
         if isinstance(self.source, ScriptSource):  # the answer's command must be one the script takes
             check_batch_flag(list(self.source.run_command), self.source.batch_flag)
+        else:  # the child runs in jaxfit's own environment: its jax must have the platform asked for
+            from jaxfit.fit.devices import check_platforms
+
+            check_platforms()
         argv, extra, cwd = launch_for(self.source, self.python)
         reply_r, reply_w = os.pipe()
         request_r, request_w = os.pipe()
@@ -373,7 +377,15 @@ class CompileChild:
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     self.close(polite=polite)
-                    hint = "; pass --step-name with the name of your jitted train step" if self.probing else ""
+                    if not self.probing:
+                        hint = ""
+                    elif not self.jitted_names:  # still starting up (importing, loading data): no jit yet
+                        hint = (
+                            f"; nothing was jitted yet, so the script was still starting up: raise --probe-timeout "
+                            f"(now {timeout:.0f} s) for a start-up that takes longer"
+                        )
+                    else:
+                        hint = "; pass --step-name with the name of your jitted train step"
                     raise WorkerError(
                         f"timed out after {timeout:.0f} s waiting to {doing}{self._seen_note()}{hint}"
                     ) from None

@@ -172,3 +172,45 @@ def _read_cuda_total(visible: str | None, timeout: float) -> int | None:
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
     return int(data["limit"]) if data.get("platform") == "gpu" and data.get("limit") else None
+
+
+PLATFORM_PLUGINS = {
+    "cuda": ("jax-cuda13-plugin", "jax-cuda12-plugin", "jaxlib-cuda"),
+    "gpu": ("jax-cuda13-plugin", "jax-cuda12-plugin", "jax-rocm-plugin", "jax-rocm7-plugin", "jaxlib-cuda"),
+    "rocm": ("jax-rocm-plugin", "jax-rocm7-plugin", "jax-rocm60-plugin"),
+    "tpu": ("libtpu", "libtpu-nightly"),
+}
+"""The distributions that give jax each platform ``JAX_PLATFORMS`` can name."""
+
+
+def check_platforms(env: dict[str, str] | None = None) -> None:
+    """Refuse a ``JAX_PLATFORMS`` naming a platform no installed jax plugin provides (jax fails
+    there with an empty ``AssertionError``), in one line.
+
+    Raises:
+      ConfigError: the platform and what to install or unset.
+    """
+    import importlib.metadata
+
+    from jaxfit.errors import ConfigError
+
+    spelled = (env if env is not None else os.environ).get("JAX_PLATFORMS", "")
+    for platform in (p.strip().lower() for p in spelled.split(",") if p.strip()):
+        plugins = PLATFORM_PLUGINS.get(platform)
+        if not plugins:
+            continue
+        installed = []
+        for name in plugins:
+            try:
+                importlib.metadata.version(name)
+                installed.append(name)
+            except importlib.metadata.PackageNotFoundError:
+                pass
+        if not installed:
+            hint = {"tpu": "pip install 'jax[tpu]'", "rocm": "jax's ROCm plugin"}.get(
+                platform, "pip install 'jax[cuda13]'"
+            )
+            raise ConfigError(
+                f"JAX_PLATFORMS={spelled} asks for {platform}, but no jax plugin for it is installed here "
+                f"({hint}); unset JAX_PLATFORMS (or set it to cpu) to compile on the CPU"
+            )

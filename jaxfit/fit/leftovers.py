@@ -22,7 +22,8 @@ script's output folders as it found them, so around a fit of a script (:func:`cl
    jaxfit's own folders, environments and compiled Python are left alone, unsaid.
 2. **The working folder, listed.** The net for writes no audit event tells of: it is listed before
    the first probe starts and after the last one ended; what appeared in between and holds no data
-   is removed, what holds data is named, never deleted (jaxfit cannot tell it from what another
+   is removed (unless another user owns it or another live process holds it open: a shared folder
+   such as ``/tmp`` has other programs' files come and go), what holds data is named, never deleted (jaxfit cannot tell it from what another
    run in the same folder wrote meanwhile, and a lost checkpoint is worse than a warning); the note
    says how to point the probe's outputs elsewhere (``--probe-arg``). The listing does not follow
    links and skips folders no script writes its outputs to (``.git``, virtual environments,
@@ -347,10 +348,11 @@ def _whole(folder: str, ended: float) -> bool:
     return not _open_by_others(folder)
 
 
-def _open_by_others(folder: str) -> bool:
-    """Whether a live process other than this one has a file below ``folder`` open (Linux's /proc;
-    elsewhere: False)."""
+def _open_by_others(folder: str, exact: bool = False) -> bool:
+    """Whether a live process other than this one has a file below ``folder`` (``exact``: or
+    ``folder`` itself, a file) open (Linux's /proc; elsewhere: False)."""
     prefix = folder.rstrip(os.sep) + os.sep
+    whole = folder.rstrip(os.sep)
     mine = str(os.getpid())
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit() and p != mine]
@@ -366,7 +368,7 @@ def _open_by_others(folder: str) -> bool:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
-            if target.startswith(prefix):
+            if target.startswith(prefix) or (exact and target == whole):
                 return True
     return False
 
@@ -434,6 +436,8 @@ def _clean_listed(folder: Path, skip: frozenset[str], before: set[str], named: s
             continue
         path = folder / rel
         try:
+            if path.lstat().st_uid != os.getuid() or _open_by_others(str(path), exact=True):
+                continue  # another user's, or in use by another process: not the probe's to take away
             if holds_data(path):
                 result.kept.append(rel)
                 continue

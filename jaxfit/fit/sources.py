@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -333,8 +334,11 @@ def script_source(
     if step_name is not None and not step_name.isidentifier():
         raise ConfigError(f"--step-name {step_name!r} is not a Python function name")
     for name, flag in (("--batch-flag", batch_flag), ("--accum-flag", accum_flag)):
-        if not flag.startswith("-") or "=" in flag or " " in flag:
-            raise ConfigError(f"{name} {flag!r} must be a flag name, e.g. {name}=--{flag.lstrip('-') or 'bs'}")
+        if not re.fullmatch(r"--?[A-Za-z0-9][\w.-]*", flag):
+            example = flag.lstrip("-") if re.fullmatch(r"[\w.-]+", flag.lstrip("-")) else "bs"
+            raise ConfigError(
+                f"{name} {flag!r} must be a flag name (dashes, letters, digits, '_', '.', '-'), e.g. {name}=--{example}"
+            )
     run_command = tuple(check_command(command))
     return ScriptSource(
         command=run_command + tuple(probe_args or ()),

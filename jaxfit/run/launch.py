@@ -83,10 +83,13 @@ class RunPlan:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: the command, its environment, the settings, the pin and the fit."""
+        """A JSON-ready dict: the command, the environment that runs it as planned (the pin and
+        jaxfit's start-up hook included, as :meth:`describe` prints it), the settings, the pin and the fit."""
+        from jaxfit.fit.pin import run_environment
+
         return {
             "command": self.command,
-            "env": self.env,
+            "env": {**self.env, **run_environment(self.pin, self.mem_fraction)},
             "mem_fraction": self.mem_fraction,
             "batch_size": self.batch_size,
             "settings": self.settings,

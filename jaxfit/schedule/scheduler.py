@@ -587,9 +587,15 @@ class Scheduler:
                 time.sleep(self.options.poll_interval)
         except (sqlite3.Error, OSError) as e:  # the state cannot be written (a full disk): stop, say so
             self._stop_now()
+            resumable = self.store.path.is_file() and self.store.path.stat().st_size > 0
+            then = (
+                "then rerun with --resume to continue"
+                if resumable
+                else "then run the schedule again without --resume (no state was written to resume from)"
+            )
             raise ConfigError(
                 f"cannot write the schedule state {self.store.path} ({getattr(e, 'strerror', None) or e}; is its disk "
-                f"full?): the runs were stopped; free space, then rerun with --resume to continue"
+                f"full?): the runs were stopped; free space, {then}"
             ) from None
         finally:
             for sig, handler in previous.items():

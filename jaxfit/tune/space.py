@@ -74,12 +74,20 @@ class Candidate:
         return self.micro_batch * self.accum_steps
 
 
-def example_settings(remat: Sequence[str], precision: Sequence[str]) -> list[Setting]:
-    """Every (remat, precision) pair for a built-in example, as config overrides.
+def example_settings(remat: Sequence[str], precision: Sequence[str], has_remat: bool = True) -> list[Setting]:
+    """Every (remat, precision) pair for a built-in example, as config overrides; for a model
+    without rematerialisation (``has_remat`` False: the MLPs), every precision alone.
 
     Raises:
-      ConfigError: an unknown choice.
+      ConfigError: an unknown choice, or a remat other than ``none`` for a model without one.
     """
+    if not has_remat:
+        if any(r != "none" for r in remat):
+            raise ConfigError("this example has no rematerialisation (no remat config key); drop --remat")
+        for value in precision:
+            if value not in PRECISION_CHOICES:
+                raise ConfigError(f"--precision {value!r} is not one of: {', '.join(PRECISION_CHOICES)}")
+        return [Setting(f"precision={p}", (("dtype", p),)) for p in dict.fromkeys(precision)]
     for value in remat:
         if value not in REMAT_CHOICES:
             raise ConfigError(f"--remat {value!r} is not one of: {', '.join(REMAT_CHOICES)}")
