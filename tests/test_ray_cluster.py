@@ -206,6 +206,9 @@ def _two_runs_nodes(cluster: dict, tmp_path: Path, fraction: float) -> dict[str,
     logs = {n: (tmp_path / "jaxfit-runs" / "queue" / "logs" / f"{n}.1.log").read_text() for n in "ab"}
     nodes = {n: re.search(r"ran on Ray node (\w+)", log) for n, log in logs.items()}
     assert all(nodes.values()), logs
+    for n, m in nodes.items():  # the result says where each attempt ran, as its log does
+        assert m is not None and f"(node {m.group(1)[:12]})" in result[n]["host"], result[n]
+        assert result[n]["hosts"] == [result[n]["host"]]
     return {n: m.group(1) for n, m in nodes.items() if m}
 
 
@@ -407,6 +410,8 @@ def test_a_schedule_starts_a_run_lost_with_its_node_again_without_spending_a_ret
         assert schedule.returncode == 0, output
         run = json.loads((tmp_path / "result.json").read_text())["experiments"][0]
         assert (run["state"], run["attempts"], run["crashes"]) == ("done", 2, 0)
+        # where each attempt ran, the lost one too (its task said where it started, before its node died)
+        assert len(run["hosts"]) == 2 and all(run["hosts"]) and run["hosts"][0] != run["hosts"][1], run["hosts"]
         logs = sorted(Path(run["log_path"]).parent.glob("far.*.log"))
         assert [p.name for p in logs] == ["far.1.log", "far.2.log"]
         assert "lost with its Ray worker or node" in logs[0].read_text()

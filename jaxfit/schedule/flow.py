@@ -88,6 +88,9 @@ def status_table(store: StateStore, title: str = "") -> Table:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     now = time.time()
     gpus = gpus_by_run(store)
+    hosts = {a.name: a.host for a in store.attempts()}  # each run's latest attempt's host
+    if store.meta("backend", "local") == "ray":  # where each run ran: a cluster has several nodes
+        table.add_column("host", justify="left")
     colours = {"done": "green", "running": "cyan", "failed": "red", "timeout": "red", "interrupted": "yellow"}
     for r in store.experiments():
         elapsed = ""
@@ -111,6 +114,7 @@ def status_table(store: StateStore, title: str = "") -> Table:
             elapsed,
             pinned,
             r.reason or "",
+            *([hosts.get(r.name) or "-"] if store.meta("backend", "local") == "ray" else []),
         )
     return table
 

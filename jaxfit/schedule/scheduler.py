@@ -195,6 +195,7 @@ class Scheduler:
         self.stop_signal: int | None = None
         self._waiting_for: tuple[str, float] | None = None
         self._asked: dict[str, float] = {}  # on a Ray cluster: the share of a GPU each live run asked Ray for
+        self._hosts: dict[str, tuple[int, str]] = {}  # the host recorded for each run's latest attempt
 
     # -- reporting --------------------------------------------------------------------------------
 
@@ -407,7 +408,12 @@ class Scheduler:
         elif code == LOST_WITH_NODE and self._losses(name) < MAX_NODE_LOSSES:
             outcome = "lost"
             changes = dict(state=RunState.PENDING, reason="its worker or node died under it; starting it again")
-            self._event("lost", name, "its worker or node died under it; starting it again (no retry spent)")
+            where = self._hosts.get(name, (0, ""))[1]
+            self._event(
+                "lost",
+                name,
+                f"its worker or node{f' ({where})' if where else ''} died under it; starting it again (no retry spent)",
+            )
         elif code == CAP_EXIT:  # its GPU pool is not the one it was given: another attempt would not be
             outcome = "crashed"
             why = _log_error(record.log_path) or "its GPU pool is not the fraction jaxfit set"
@@ -470,6 +476,17 @@ class Scheduler:
         seconds = now - (record.started_at or now)
         return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
+    def _note_host(self, record: ExperimentRecord, handle: Handle) -> None:
+        """Record where an attempt runs, once its backend knows (on a Ray cluster: which node);
+        on a cluster, say so as an event, so that a lost attempt's node is known."""
+        host = getattr(handle, "host", None)
+        if not host or self._hosts.get(record.name) == (record.attempts, host):
+            return
+        self._hosts[record.name] = (record.attempts, host)
+        self.store.set_attempt_host(record.name, record.attempts, host)
+        if self.launcher.name == "ray":
+            self._event("placed", record.name, f"attempt {record.attempts} runs on {host}")
+
     def _poll(self, records: Sequence[ExperimentRecord]) -> None:
         now = time.time()
         for record in records:
@@ -477,6 +494,7 @@ class Scheduler:
             if record.state != RunState.RUNNING or handle is None:
                 continue
             code = handle.poll()
+            self._note_host(record, handle)
             if code is not None:
                 self._finish(record, code)
                 continue
@@ -660,6 +678,9 @@ def result_rows(store: StateStore) -> list[dict[str, Any]]:
         data["gpus"] = list(gpus[record.name])
         data.update(pin_status(record))
         data["micro_batch_size"] = record.batch_size // max(1, record.grad_accum_steps)
+        attempts = store.attempts(record.name)
+        data["hosts"] = [a.host for a in attempts]  # where each attempt ran (None: never known)
+        data["host"] = attempts[-1].host if attempts else None
         data["duration_seconds"] = (
             None
             if record.started_at is None or record.ended_at is None

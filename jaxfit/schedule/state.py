@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS experiments (
 CREATE TABLE IF NOT EXISTS attempts (
     name TEXT NOT NULL, attempt INTEGER NOT NULL, batch_size INTEGER NOT NULL, grad_accum_steps INTEGER NOT NULL,
     pid INTEGER, started_at REAL NOT NULL, ended_at REAL, exit_code INTEGER, outcome TEXT, log_path TEXT NOT NULL,
-    PRIMARY KEY (name, attempt)
+    host TEXT, PRIMARY KEY (name, attempt)
 );
 CREATE TABLE IF NOT EXISTS events (t REAL NOT NULL, name TEXT, kind TEXT NOT NULL, text TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS samples (
@@ -156,6 +156,8 @@ class Attempt:
     exit_code: int | None
     outcome: str | None
     log_path: str
+    host: str | None = None
+    """The host (and, on a Ray cluster, the node) the attempt ran on, once known."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +174,7 @@ class Sample:
 
 
 _EXPERIMENT_COLUMNS = [f.name for f in dataclasses.fields(ExperimentRecord)]
+_ATTEMPT_COLUMNS = [f.name for f in dataclasses.fields(Attempt)]
 
 
 class StateStore:
@@ -202,6 +205,8 @@ class StateStore:
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(experiments)")}
             if "pin_path" not in columns:  # a state written by jaxfit 0.2
                 self._db.execute("ALTER TABLE experiments ADD COLUMN pin_path TEXT")
+            if "host" not in {row[1] for row in self._db.execute("PRAGMA table_info(attempts)")}:  # jaxfit 0.4
+                self._db.execute("ALTER TABLE attempts ADD COLUMN host TEXT")
         except sqlite3.Error as e:
             self._db.close()
             readonly = isinstance(e, sqlite3.OperationalError) and "readonly" in str(e)
@@ -303,9 +308,15 @@ class StateStore:
         """Record the start of an attempt."""
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO attempts ({', '.join(_ATTEMPT_COLUMNS)}) VALUES "
+                f"({', '.join('?' for _ in _ATTEMPT_COLUMNS)})",
                 dataclasses.astuple(attempt),
             )
+
+    def set_attempt_host(self, name: str, attempt: int, host: str) -> None:
+        """Record where an attempt runs."""
+        with self._lock:
+            self._db.execute("UPDATE attempts SET host = ? WHERE name = ? AND attempt = ?", (host, name, attempt))
 
     def end_attempt(self, name: str, attempt: int, *, ended_at: float, exit_code: int | None, outcome: str) -> None:
         """Record how an attempt ended."""
@@ -317,7 +328,11 @@ class StateStore:
 
     def attempts(self, name: str | None = None) -> list[Attempt]:
         """The attempts of one experiment (or all), in start order."""
-        query = "SELECT * FROM attempts" + (" WHERE name = ?" if name else "") + " ORDER BY started_at, attempt"
+        query = (
+            f"SELECT {', '.join(_ATTEMPT_COLUMNS)} FROM attempts"
+            + (" WHERE name = ?" if name else "")
+            + " ORDER BY started_at, attempt"
+        )
         with self._lock:
             rows = self._db.execute(query, (name,) if name else ()).fetchall()
         return [Attempt(*row) for row in rows]

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -70,6 +71,8 @@ class Handle(Protocol):
 
     pid: int | None
     """The runner's pid (its process group), or None when the backend does not expose one."""
+    host: str | None
+    """The host the attempt runs on (``host (node id)`` on a Ray cluster), or None until known."""
 
     def poll(self) -> int | None:
         """The exit code once the attempt has ended (negative: killed by that signal), else None."""
@@ -147,6 +150,7 @@ class LocalHandle(_GroupSignals):
         self._proc = proc
         self.pid: int | None = proc.pid
         self.status_path = status_path
+        self.host: str | None = socket.gethostname()
 
     def poll(self) -> int | None:
         code = self._proc.poll()
@@ -179,6 +183,7 @@ class AdoptedHandle(_GroupSignals):
     def __init__(self, pid: int, status_path: str) -> None:
         self.pid: int | None = pid
         self.status_path = status_path
+        self.host: str | None = socket.gethostname()
 
     def poll(self) -> int | None:
         recorded = read_status(self.status_path)

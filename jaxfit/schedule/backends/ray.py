@@ -210,6 +210,7 @@ def _make_task_function() -> Callable[..., int | dict[str, Any]]:
         keep_omp: bool,
         luggage: Mapping[str, Any] | None = None,
         planned_gpu_bytes: int | None = None,
+        report_to: Sequence[str] | None = None,
     ) -> int | dict[str, Any]:
         """Run one attempt under the guard and the runner in a Ray worker; its exit code. On a node
         other than the scheduler's (``luggage``, from :func:`_luggage`), in a folder of its own with
@@ -227,6 +228,12 @@ def _make_task_function() -> Callable[..., int | dict[str, Any]]:
 
         import ray
 
+        if report_to is not None:  # where this attempt runs, told to the schedule's owner at once
+            try:
+                owner = ray.get_actor(report_to[0], namespace=report_to[1])
+                owner.placed.remote(status_path, ray.get_runtime_context().get_node_id(), socket.gethostname())
+            except Exception:  # bookkeeping: never in the attempt's way
+                pass
         away_folder = None
         if luggage is not None and ray.get_runtime_context().get_node_id() != luggage["node"]:
             away_folder = tempfile.mkdtemp(prefix="jaxfit-run-")
@@ -428,6 +435,11 @@ OWNER_NAMESPACE = "jaxfit"
 """The Ray namespace of the schedules' owner actors."""
 
 
+def _where(node: str, host: str) -> str:
+    """An attempt's place, in words: its host and Ray's node id (shortened)."""
+    return f"{host} (node {node[:12]})" if node else host
+
+
 def owner_name(state_dir: str) -> str:
     """The name of the detached actor that owns a schedule's tasks on a cluster: one per state
     folder of one scheduling machine, so that ``--resume`` there finds it again."""
@@ -451,6 +463,15 @@ def _make_owner_class() -> type:
             self._task = ray.remote(task)
             self._refs: dict[str, Any] = {}
             self._outputs: dict[str, dict[str, str]] = {}
+            self._placed: dict[str, tuple[str, str]] = {}
+
+        def placed(self, key: str, node: str, host: str) -> None:
+            """An attempt's task started on ``node`` (Ray's node id) of ``host``."""
+            self._placed[key] = (node, host)
+
+        def where(self, key: str) -> tuple[str, str] | None:
+            """``(node, host)`` an attempt's task started on; None until it said."""
+            return self._placed.get(key)
 
         def start(self, key: str, options: dict[str, Any], args: list[Any], outputs: dict[str, str]) -> bool:
             self._refs[key] = self._task.options(**options).remote(*args)
@@ -492,6 +513,7 @@ def _make_owner_class() -> type:
         def forget(self, key: str) -> None:
             self._refs.pop(key, None)
             self._outputs.pop(key, None)
+            self._placed.pop(key, None)
 
         def live(self) -> list[str]:
             import ray
@@ -532,8 +554,12 @@ class RayHandle:
         """The schedule's owner actor that submitted the task (a cluster), keyed by ``status_path``;
         None: the task is this process's own (``ref``)."""
         self.pid: int | None = None
+        self.host: str | None = None
+        """Where the attempt runs: ``host (node <id>)``, once the task has said (a cluster), or the
+        scheduler's host (a local Ray of one node)."""
         self._stop_signal: int | None = None
         self._code: int | None = None
+        self._asked_where = 0.0
 
     def _outcome(self) -> tuple[str, Any] | None:
         """None while the task runs, else ``("ended", result)``, ``("task_error", text)`` or
@@ -570,6 +596,17 @@ class RayHandle:
             with open(self.log_path, "ab") as f:
                 f.write(f"jaxfit: {text}\n".encode())
 
+    def _learn_host(self) -> None:
+        """Set :attr:`host` from the owner actor, which the task tells where it started (asked at
+        most every 2 s until it answers)."""
+        if self.host is not None or self.owner is None or time.monotonic() - self._asked_where < 2.0:
+            return
+        self._asked_where = time.monotonic()
+        with contextlib.suppress(self._ray.exceptions.RayError, TimeoutError):
+            placed = self._ray.get(self.owner.where.remote(self.status_path), timeout=5)
+            if placed:
+                self.host = _where(*placed)
+
     def _learn_pid(self) -> None:
         """Set :attr:`pid` from the task's pid file, when the runner runs on this host."""
         if self.pid is not None:
@@ -592,6 +629,7 @@ class RayHandle:
         if self._code is not None:
             return self._code
         self._learn_pid()
+        self._learn_host()
         outcome = self._outcome()
         if outcome is None:
             return None
@@ -599,6 +637,7 @@ class RayHandle:
         if kind == "ended":
             if isinstance(result, dict):  # it ran on another node: keep what came back here
                 _land(result, self.log_path, self.status_path, self.outputs)
+                self.host = _where(str(result.get("node") or ""), str(result.get("host") or "?"))
                 result = result["code"]
             code = int(result)
         elif kind == "task_error":
@@ -764,8 +803,11 @@ class RayLauncher:
         outputs = {v: spec.env[v] for v in luggage["outputs"]} if luggage else {}
         if not self.resumable:
             ref = self._task.options(**options).remote(*args)
-            return RayHandle(self._ray, ref, spec.status_path, spec.log_path, outputs)
+            handle = RayHandle(self._ray, ref, spec.status_path, spec.log_path, outputs)
+            handle.host = _where(self._node, socket.gethostname())  # a local Ray of one node: here
+            return handle
         owner = self._owner(spec.status_path, create=True)
+        args.append([owner_name(os.path.dirname(os.path.dirname(os.path.abspath(spec.status_path)))), OWNER_NAMESPACE])
         try:
             self._ray.get(owner.start.remote(spec.status_path, options, args, outputs), timeout=300)
         except self._ray.exceptions.RayError as e:
