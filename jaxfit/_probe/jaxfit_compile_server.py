@@ -541,6 +541,7 @@ class Server:
             "device": self.info["device_kind"],
             "devices": self.info["device_count"],
             "options": options,
+            "compiler_memory": self.info.get("compiler_memory"),  # a deviceless compile's device_memory_size
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -113,12 +113,14 @@ def load_key(create: bool) -> bytes:
     """
     paths = key_paths()
     existing = [p for p in paths if os.path.lexists(p)]
-    if existing:
-        return _read_key(existing[0])
     if not create:
+        if existing:
+            return _read_key(existing[0])
         raise UntrustedPin("no pin key at %s: your jaxfit signed no pin" % " or ".join(paths))
     failures = []
-    for path in paths:
+    for path in paths:  # the first place that has a key or can hold one: the one the hook reads first
+        if os.path.lexists(path):
+            return _read_key(path)
         try:
             private_folder(os.path.dirname(os.path.abspath(path)))
             try:

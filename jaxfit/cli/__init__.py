@@ -8,7 +8,7 @@ the options they share and the one-line error handling are in :mod:`jaxfit.cli.a
 progress lines for people in :mod:`jaxfit.cli.output`.
 """
 
-from jaxfit.cli import examples, fit, plan, run, schedule, tune, version  # noqa: F401 - each registers its subcommand
+from jaxfit.cli import examples, fit, gpus, plan, run, schedule, tune, version  # noqa: F401 - each registers its subcommand
 from jaxfit.cli.app import main
 
 __all__ = ["main"]

@@ -30,7 +30,7 @@ app = tyro.extras.SubcommandApp()
 COMMAND: list[str] = []
 """The training command after ``--`` (tyro never sees it): ``jaxfit run -- python train.py ...``."""
 
-SUBCOMMANDS = ("fit", "run", "tune", "plan", "examples", "schedule", "calibrate", "version")
+SUBCOMMANDS = ("fit", "run", "tune", "plan", "gpus", "examples", "schedule", "calibrate", "version")
 WandbMode = Literal["online", "offline", "disabled"]
 Flat = tyro.conf.OmitArgPrefixes
 """Options of a nested dataclass take no prefix (``--headroom``, not ``--options.headroom``)."""

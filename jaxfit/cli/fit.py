@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import tyro
 from rich.console import Console
@@ -11,6 +11,9 @@ from jaxfit.cli.app import COMMAND, Flat, MeshArgs, ScriptArgs, WandbMode, app, 
 from jaxfit.errors import JaxfitError
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.sources import Source
+
+if TYPE_CHECKING:
+    pass
 
 
 @app.command(name="fit")
@@ -30,6 +33,8 @@ def fit_command(
     wandb: bool = False,
     wandb_mode: WandbMode | None = None,
     wandb_project: str = "jaxfit",
+    gpu: str | None = None,
+    gpu_spec: str | None = None,
 ) -> None:
     """Find the largest batch that fits a memory fraction (or, with --batch-size, the smallest fraction a batch needs) by compiling the train step, never running it.
 
@@ -54,6 +59,8 @@ def fit_command(
         wandb: Log the fit as its own Weights & Biases run (settings in its config, candidates as a table).
         wandb_mode: online, offline or disabled; default $WANDB_MODE, else online with credentials and offline without.
         wandb_project: The W&B project of --wandb.
+        gpu: Estimate for a GPU model that is not here (jaxfit gpus list: rtx-4090, rtx-a6000, a100-80gb, h100-sxm, rtx-pro-6000, h200, ...): the step is compiled deviceless for that card, on this machine's CPU, under the limit --mem-fraction of the card gives (--device-memory: another size of it). An estimate of an untuned program, never pinned: the answer keeps its plain program within the budget with a 5% margin for autotuning, and says how far XLA's rematerialisation might go beyond it. Needs jax's CUDA plugin (pip install "jaxfit[targets]").
+        gpu_spec: As --gpu, for a card described by a target config file (jaxfit gpus capture writes one on the card).
     """
     parsed()
     from jaxfit.cli.output import print_result
@@ -91,7 +98,18 @@ def fit_command(
     options.validate()
     if batch_size is None:
         options.grid()
+    from jaxfit.cli.gpus import resolve_target
+
+    target = resolve_target(gpu, gpu_spec, options.device_memory_bytes)
     out, progress = consoles(quiet)
+    if target is not None:
+        if batch_size is not None or script:
+            raise JaxfitError(
+                "--gpu estimates the largest batch of a built-in example or an --entry step; for a script or the "
+                "inverse question, fit on the card itself"
+            )
+        _estimate(source, target, options, out, progress, quiet=quiet, json=json)
+        return
     if batch_size is None:
         result = fit_batch(source, options, progress=progress)
     else:
@@ -122,3 +140,29 @@ def fit_command(
 
         where = log_fit(result, mode=wandb_mode, project=wandb_project)
         Console(stderr=True).print(f"[dim]logged to Weights & Biases: {where}[/]")
+
+
+def _estimate(
+    source: Source,
+    target: object,
+    options: FitOptions,
+    out: Console,
+    progress: object,
+    *,
+    quiet: bool,
+    json: str | None,
+) -> None:
+    """``fit --gpu``: the deviceless estimate, its table and what it means."""
+    from jaxfit.cli.output import result_table
+    from jaxfit.files import write_json
+    from jaxfit.fit.estimate import fit_for_gpu
+    from jaxfit.fit.targets import Target
+
+    assert isinstance(target, Target)
+    estimate = fit_for_gpu(source, target, options, progress=progress)  # type: ignore[arg-type]
+    shown = estimate.safe or estimate.squeezed
+    if shown is not None and not quiet:
+        out.print(result_table(shown))
+    out.print(f"[bold]{estimate.summary()}[/]", highlight=False)
+    if json:
+        write_json(json, estimate.to_dict())

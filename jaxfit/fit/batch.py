@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import json
 import math
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -117,6 +120,8 @@ def _start_child(
       ConfigError: the planned card is larger than this GPU at that fraction; the child's limit is
         not the fraction it was given (a growing pool, a variable the installed jax does not read).
     """
+    if options.target is not None:
+        return _start_target_child(source, fraction, options, cache_path)
     from jaxfit.fit.devices import cuda_total_bytes
 
     gpu_total = cuda_total_bytes()
@@ -214,14 +219,53 @@ def shared_compile_process(*, preallocate: bool = False) -> Iterator[None]:
             child.close()
 
 
-def _open_child(
+def _start_target_child(
     source: Source, fraction: float, options: FitOptions, cache_path: str | None
+) -> tuple[CompileChild, DeviceInfo, int, int, int | None]:
+    """The compile child of a GPU compiled for without it (``options.target``), on the CPU: its
+    limit ``fraction x`` the card's memory (or ``--device-memory``), the ``device_memory_size`` the
+    compiler sees that limit squeezed toward (or, ``squeeze`` off, room to spare)."""
+    from jaxfit.fit import targets
+
+    target = options.target
+    assert target is not None
+    if isinstance(source, ScriptSource):
+        raise ConfigError(
+            "--gpu compiles a built-in example or an --entry step for a card that is not here; a script is fitted "
+            "on the device it runs on (jaxfit fit --script on the card)"
+        )
+    total = options.device_memory_bytes or target.memory_bytes
+    limit = int(fraction * total)
+    size = targets.squeezed_size(limit) if options.squeeze else targets.unsqueezed_size(limit)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="jaxfit-target-", delete=False) as f:
+        json.dump({"name": target.name, "spec": target.spec_for(size), "limit": limit}, f)
+    try:
+        child, info = _open_child(
+            source, fraction, options, cache_path, extra={"JAXFIT_TARGET": f.name, "JAX_PLATFORMS": "cpu"}
+        )
+    finally:
+        os.unlink(f.name)
+    return child, info, total, limit, None
+
+
+def _open_child(
+    source: Source,
+    fraction: float,
+    options: FitOptions,
+    cache_path: str | None,
+    extra: dict[str, str] | None = None,
 ) -> tuple[CompileChild, DeviceInfo]:
     """A started compile child for ``source`` under ``fraction``: inside
     :func:`shared_compile_process`, the one already serving that fraction and mesh, switched to
     ``source``; else a new one."""
     pool = _SHARED.get()
-    key = (fraction, cache_path, options.start_timeout, getattr(source, "mesh", None))
+    key = (
+        fraction,
+        cache_path,
+        options.start_timeout,
+        getattr(source, "mesh", None),
+        tuple(sorted((extra or {}).items())),
+    )
     if pool is not None and not isinstance(source, ScriptSource):
         shared = pool.get(key)
         if shared is not None and shared.running:
@@ -235,6 +279,7 @@ def _open_child(
         start_timeout=options.start_timeout,
         # a script's probe, its own process, times there too (tune --script --measure inline)
         preallocate=pool is not None and _PREALLOCATE.get(),
+        extra_env=extra,
     )
     info = child.start()
     if pool is not None and pooled:
@@ -382,6 +427,8 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         "grid": [grid.first, grid.last, grid.step],
         "verify": options.verify,
     }
+    if options.target is not None:  # another card's program: its config and what the compiler sees
+        question["target"] = {"spec": options.target.spec, "squeeze": options.squeeze}
     if options.batches is not None:
         question["batches"] = sorted(set(options.batches))
     key, hit = cached_answer(options, question, source, start, progress)
@@ -421,7 +468,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
             )
         note_found_step(progress, child.workload_info)
         width = options.width or default_width(info)
-        tuned = info.limit_sensitive and options.verify
+        tuned = info.limit_sensitive and options.verify and info.topology != "target"  # no device, no autotuning
         notify(progress, "start", device=info, limit=limit, budget=budget, width=width)
         rounds = _Rounds(child, info, budget, progress)
         listed = _listed(options.batches, grid) if options.batches is not None else None
@@ -464,7 +511,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                 mem_fraction=fraction,
                 root=pins_root(options.use_cache),
             )
-        overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
+        overhead = child.process_overhead() if info.limit_sensitive and info.topology != "target" else NO_OVERHEAD
         timing = child.time(answer, *options.time_steps, give_up=options.time_give_up) if options.time_steps else None
         untuned_timings = (
             _time_untuned(child, rounds, [b for b in listed if b <= answer], options.rank_steps, progress)

@@ -194,7 +194,9 @@ class CompileChild:
         start_timeout: float = 900.0,
         python: str = sys.executable,
         preallocate: bool = False,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
+        self.extra_env = dict(extra_env or {})
         self.source = source
         self.preallocate = preallocate
         self.probing = isinstance(source, ScriptSource)
@@ -236,7 +238,7 @@ class CompileChild:
         reply_r, reply_w = os.pipe()
         request_r, request_w = os.pipe()
         log_r, log_w = os.pipe()
-        extra = dict(extra, JAXFIT_REPLY_FD=str(reply_w), JAXFIT_REQUEST_FD=str(request_r))
+        extra = dict(extra, **self.extra_env, JAXFIT_REPLY_FD=str(reply_w), JAXFIT_REQUEST_FD=str(request_r))
         if self.cache_path:
             extra["JAXFIT_COMPILE_CACHE"] = self.cache_path
         if self.preallocate:

@@ -178,6 +178,36 @@ def _placed(tree: Any, shardings: Any) -> Any:
     )
 
 
+TARGET_DEVICES: list[Any] = []
+"""The compile-only devices of a GPU compiled for without it (:mod:`jaxfit.fit.targets`), set by the
+compile child before it builds a workload: every workload is then placed on them, one device too."""
+
+
+def use_target_devices(spec_text: str, count: int) -> list[Any]:
+    """Make ``count`` compile-only devices of the GPU of ``spec_text`` (a target config) the ones
+    workloads are placed on, in this process (its backend the CPU). Returns them.
+
+    Raises:
+      ConfigError: jax here has no CUDA plugin, or the config is not one this jaxlib reads.
+    """
+    from jax.experimental import topologies
+
+    try:
+        topology = topologies.get_topology_desc(platform="cuda", target_config=spec_text, topology=f"1x1x{count}")
+    except Exception as e:  # the plugin missing, or a config it cannot parse
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "parse" in text.lower():
+            raise ConfigError(
+                f"this jaxlib cannot read the GPU target config ({text}); capture one with this jax"
+            ) from None
+        raise ConfigError(
+            f"cannot compile for a GPU that is not here: {text}; install jax's CUDA plugin for this jax "
+            '(pip install "jaxfit[targets]")'
+        ) from None
+    TARGET_DEVICES[:] = list(topology.devices)[:count]
+    return TARGET_DEVICES
+
+
 def shard_workload(workload: Workload, spec: MeshSpec) -> Workload:
     """``workload`` on the mesh of ``spec``: its batch argument split over every device, its other
     arguments sharded FSDP-style, each output that has the structure of an argument placed like
@@ -188,14 +218,14 @@ def shard_workload(workload: Workload, spec: MeshSpec) -> Workload:
     """
     import jax
 
-    if not spec.sharded:
+    if not spec.sharded and not TARGET_DEVICES:
         return workload
     if workload.in_shardings is not None or workload.out_shardings is not None:
         raise ConfigError(
             f"the workload {workload.name!r} sets its own shardings; drop --devices/--fsdp "
             "(jaxfit fits it on the mesh it gives)"
         )
-    mesh = make_mesh(spec)
+    mesh = make_mesh(spec, TARGET_DEVICES or None)
     batches = data_sharding(mesh)
 
     def abstract_args(batch_size: int) -> tuple[Any, ...]:
@@ -231,7 +261,7 @@ def shard_workload(workload: Workload, spec: MeshSpec) -> Workload:
     )
 
 
-Topology = Literal["real", "host", "mock"]
+Topology = Literal["real", "host", "mock", "target"]
 """Where a mesh's devices come from: ``real`` devices of this machine, ``host`` CPU devices made
 with ``--xla_force_host_platform_device_count``, or a ``mock`` GPU topology (compiled, never run)."""
 

@@ -12,6 +12,7 @@ from jaxfit.errors import ConfigError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.cache import default_cache_path, usable_cache
 from jaxfit.fit.search import Grid
+from jaxfit.fit.targets import Target
 
 DEFAULT_MEM_FRACTION = 0.45
 """The fraction fitted under when neither ``--mem-fraction`` nor $XLA_PYTHON_CLIENT_MEM_FRACTION is set."""
@@ -112,6 +113,10 @@ class FitOptions:
         each listed batch up to the answer in the compile process, and time it
         (``FitResult.untuned_timings``): ``jaxfit tune`` ranks micro-batches on these before it
         proves any. Those compiles are made even when cached (a cached peak has no program).
+      target: A GPU compiled for without it (``--gpu MODEL``, ``--gpu-spec FILE``): the compiles run
+        deviceless, on the CPU, for that card; answers are estimates (untuned), never pinned.
+      squeeze: With ``target``: let the compiler see the card's limit (it rematerialises to fit it,
+        as the card does); off: a compiler with room to spare (:mod:`jaxfit.fit.estimate`).
     """
 
     mem_fraction: float | None = None
@@ -130,6 +135,8 @@ class FitOptions:
     time_give_up: tyro.conf.Suppress[tuple[int, float] | None] = None
     batches: tyro.conf.Suppress[tuple[int, ...] | None] = None
     rank_steps: tyro.conf.Suppress[tuple[int, int] | None] = None
+    target: tyro.conf.Suppress[Target | None] = None
+    squeeze: tyro.conf.Suppress[bool] = True
 
     def resolved_fraction(self) -> float:
         """The fraction to fit under (:func:`default_mem_fraction` when not given).

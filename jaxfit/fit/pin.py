@@ -210,6 +210,8 @@ def pin_answer(
     """
     if info.topology == "mock":
         return None, "not pinned: compiled for a mocked topology of GPUs this machine does not have"
+    if info.topology == "target":
+        return None, "not pinned: an estimate for a GPU that is not here (deviceless, untuned)"
     step_name = str(child.workload_info.get("description", {}).get("step_name") or "")
     if not step_name:
         return None, "not pinned: the step's function name is unknown"

@@ -48,9 +48,31 @@ def _served(text: str, topology: str) -> dict[str, Any]:
         "lower": workload.lower,
         "workload": {"name": workload.name, "description": description},
         "components": components,
-        "concrete": None if topology == "mock" else concrete,  # a mocked topology cannot run
+        "concrete": None if topology in ("mock", "target") else concrete,  # compile-only devices cannot run
         "donated": workload.donate_argnums,
     }
+
+
+TARGET_ENV = "JAXFIT_TARGET"
+"""A GPU compiled for without it: a JSON file ``{"name", "spec", "limit"}`` (its target config, with
+the ``device_memory_size`` the compiler is to see, and the card's limit under the fraction)."""
+
+
+def _memory_size(spec: str) -> int | None:
+    import re
+
+    found = re.search(r"device_memory_size:\s*(\d+)", spec)
+    return int(found.group(1)) if found else None
+
+
+def _target() -> dict[str, Any] | None:
+    path = os.environ.get(TARGET_ENV)
+    if not path:
+        return None
+    import json
+
+    with open(path) as f:
+        return dict(json.load(f))
 
 
 def main() -> int:
@@ -62,7 +84,14 @@ def main() -> int:
 
         first = os.environ[SOURCE_ENV]
         mesh = getattr(from_json(first), "mesh", None) or MeshSpec()
-        topology = prepare_devices(mesh.devices, mesh.allow_mock)  # before JAX starts its backend
+        target = _target()
+        if target is not None:  # a GPU that is not here: compile-only devices of its config, on the CPU
+            from jaxfit.fit.mesh import use_target_devices
+
+            use_target_devices(target["spec"], mesh.devices)
+            topology = "target"
+        else:
+            topology = prepare_devices(mesh.devices, mesh.allow_mock)  # before JAX starts its backend
         parts = _served(first, topology)
 
         def loader(text: str) -> dict[str, Any]:  # the devices were set up for the first mesh
@@ -81,6 +110,15 @@ def main() -> int:
             loader=loader,
         )
         server.info.update(topology=topology, mesh_devices=mesh.devices)
+        if target is not None:  # what the compiler sees: the card's limit, as a GPU's
+            server.info.update(
+                platform="gpu",
+                device_kind=target["name"],
+                device_count=mesh.devices,
+                bytes_limit=target["limit"],
+                limit_sensitive=True,
+                compiler_memory=_memory_size(target["spec"]),
+            )
     except Exception as e:
         from jaxfit.errors import JaxfitError
 
