@@ -18,7 +18,7 @@ from jaxfit.fit.mesh import MIN_SHARD_BYTES, MeshSpec
 from jaxfit.fit.options import FitOptions, Size
 from jaxfit.plan.whatif import STATUS_TEXT, Card, Cell, PlanResult
 
-MARKS = {"gpu": "", "mock": " (mock)", "cpu": " (cpu)"}
+MARKS = {"gpu": "", "mock": " (mock)", "cpu": " (cpu)", "estimate": " (est.)"}
 
 
 @app.command(name="plan")
@@ -39,6 +39,8 @@ def plan_command(
     json: str | None = None,
     markdown: str | None = None,
     quiet: bool = False,
+    gpus: Annotated[tuple[str, ...], tyro.conf.arg(name="gpu"), tyro.conf.UseAppendAction] = (),
+    gpu_specs: Annotated[tuple[str, ...], tyro.conf.arg(name="gpu-spec"), tyro.conf.UseAppendAction] = (),
 ) -> None:
     """What-if table: the largest global batch and its per-device peak for card sizes x device counts x FSDP sizes, each compiled under the limit that card and fraction would give.
 
@@ -70,6 +72,8 @@ def plan_command(
         json: Also write the table as JSON to this file.
         markdown: Also write a hardware-requirements page (Markdown) to this file: per card, whether it fits, the largest batch, the breakdown, what to change to fit, and how it was made.
         quiet: No progress lines.
+        gpus: A GPU model to plan for without it (jaxfit gpus list), repeatable: its cells are compiled deviceless, on this machine's CPU, and are estimates (untuned; the safe batch, and how far XLA's rematerialisation might go beyond it). With --gpu or --gpu-spec the nominal cards are left out unless --card names some. Needs jax's CUDA plugin (pip install "jaxfit[targets]").
+        gpu_specs: A card's target config file to plan for, as --gpu (jaxfit gpus capture writes one on the card); repeatable.
     """
     parsed()
     from jaxfit.examples import parse_overrides
@@ -92,7 +96,20 @@ def plan_command(
     for path, flag in ((json, "--json"), (markdown, "--markdown")):
         if path:
             check_writable(path, flag)
-    chosen: list[Card] = (list(DEFAULT_CARDS) if default_cards else []) + [parse_card(c) for c in cards]
+    from jaxfit.fit import targets
+
+    models = [targets.target_for(targets.find_model(g)) for g in gpus] + [targets.read_spec(f) for f in gpu_specs]
+    if models and script:
+        raise JaxfitError(
+            "--gpu plans a built-in example or an --entry step for cards that are not here; a script is planned "
+            "on the devices it runs on"
+        )
+    nominal = list(DEFAULT_CARDS) if default_cards and not models else []
+    chosen: list[Card] = (
+        nominal
+        + [parse_card(c) for c in cards]
+        + [Card(m.key if m.key in {t.key for t in targets.MODELS} else m.name, m.memory_bytes, m) for m in models]
+    )
     if not chosen:
         raise JaxfitError("no cards to plan for: give --card NAME=SIZE or drop --no-default-cards")
     names = [c.name for c in chosen]

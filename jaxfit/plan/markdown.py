@@ -105,6 +105,23 @@ def _platform_note(result: PlanResult) -> list[str]:
         )
     if "mock" in statuses:
         out.append("Cells marked for more GPUs than the machine had were compiled for a mocked topology (never run).")
+    if "estimate" in statuses:
+        squeezed = [
+            c for c in result.cells if c.status == "estimate" and (c.squeezed_batch_size or 0) > (c.batch_size or 0)
+        ]
+        out.append(
+            "**Estimates for GPU models that were not here** (marked est.): compiled deviceless for each model's "
+            "target config, on a CPU. Deviceless programs are untuned, so the batch shown is the safe one: its plain "
+            "program fits the budget with a 5 % margin for what autotuning adds."
+            + (
+                " Larger batches fit only through XLA's rematerialisation toward the card's limit ("
+                + ", ".join(f"{c.card} x {c.devices}: up to {c.squeezed_batch_size}" for c in squeezed)
+                + "), which the card's own autotuned compile may not manage."
+                if squeezed
+                else ""
+            )
+            + " A proof, and a pinned program, come from `jaxfit fit` on the card itself."
+        )
     return [*out, ""] if out else []
 
 

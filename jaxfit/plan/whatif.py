@@ -17,6 +17,7 @@ from jaxfit.fit.mesh import MeshSpec, divisors
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.results import FitResult
 from jaxfit.fit.sources import Source
+from jaxfit.fit.targets import Target
 
 GiB = 2**30
 MiB = 2**20
@@ -24,10 +25,12 @@ MiB = 2**20
 
 @dataclasses.dataclass(frozen=True)
 class Card:
-    """A device to plan for: a name and the memory CUDA reports for it (the base of a fraction)."""
+    """A device to plan for: a name and the memory CUDA reports for it (the base of a fraction);
+    ``target``: a GPU model compiled for without it (``--gpu``: the cell is a deviceless estimate)."""
 
     name: str
     total_bytes: int
+    target: Target | None = None
 
 
 DEFAULT_CARDS = tuple(Card(f"{n}GB", n * GiB) for n in (24, 32, 48, 80, 96, 141))
@@ -43,7 +46,7 @@ MEASURED_CARDS: Mapping[str, Card] = {
 #16), usable as ``--card H100``: an H100 80GB HBM3 gives 81,080 MiB (nvidia-smi shows 81,559), an
 H200 143,160 MiB (nvidia-smi 143,771). Other cards: ``--card NAME=SIZE`` with CUDA's total."""
 
-Status = Literal["gpu", "mock", "cpu", "does not fit", "not available"]
+Status = Literal["gpu", "mock", "cpu", "estimate", "does not fit", "not available"]
 """How a cell was answered: compiled on this machine's GPUs (``gpu``), for a mocked GPU topology
 larger than this machine (``mock``), on CPU devices, whose compiler ignores the limit (``cpu``);
 or the step does not fit even batch ``min_batch`` (``does not fit``), or the card cannot be
@@ -53,6 +56,7 @@ STATUS_TEXT: Mapping[str, str] = {
     "gpu": "compiled on this GPU",
     "mock": "compiled for a mocked topology",
     "cpu": "compiled on CPU devices",
+    "estimate": "estimated deviceless for the GPU model (untuned)",
     "does not fit": "does not fit",
     "not available": "not available here",
 }
@@ -84,6 +88,8 @@ class Cell:
       fraction: The smallest fraction (to 0.01) of the card under which ``fraction_batch``
         fits, or None (not asked, or it does not fit the whole card).
       fraction_note: Why ``fraction`` is missing when it was asked for.
+      squeezed_batch_size: For an estimate: the largest batch that fits only through XLA's
+        rematerialisation toward the card's limit (``batch_size`` is the safe one).
     """
 
     card: str
@@ -104,6 +110,7 @@ class Cell:
     fraction_batch: int | None = None
     fraction: float | None = None
     fraction_note: str = ""
+    squeezed_batch_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -261,6 +268,13 @@ def what_if(
             card_options = dataclasses.replace(options, device_memory_bytes=card.total_bytes, pin=False)
             try:
                 source = source_for(dataclasses.replace(mesh, allow_mock=True))  # more devices than here: mocked
+                if card.target is not None:
+                    estimated, found = _estimated(base, source, card.target, options, fit_progress)
+                    first = first or found
+                    cells.append(estimated)
+                    if progress is not None:
+                        progress(cells[-1], len(cells), total)
+                    continue
                 result = fit_batch(source, card_options, progress=fit_progress)
             except CellUnavailable as e:
                 cell = base(status="not available", note=str(e))
@@ -299,6 +313,38 @@ def what_if(
         step=first.step if first else {},
         jax_version=str(first.device.get("jax_version", "")) if first else "",
     )
+
+
+def _estimated(
+    base: Callable[..., Cell],
+    source: Source,
+    target: Target,
+    options: FitOptions,
+    fit_progress: Callable[[str, Mapping[str, Any]], None] | None,
+) -> tuple[Cell, FitResult | None]:
+    """A cell for a GPU model compiled for without it (:func:`jaxfit.fit.estimate.fit_for_gpu`), and
+    the safe fit behind it."""
+    from jaxfit.fit.estimate import fit_for_gpu
+
+    start = time.perf_counter()
+    estimate = fit_for_gpu(
+        source, target, dataclasses.replace(options, device_memory_bytes=None), progress=fit_progress
+    )
+    result = estimate.safe
+    if result is None:
+        return base(status="does not fit", note=estimate.summary(), seconds=round(time.perf_counter() - start, 2)), None
+    return base(
+        status="estimate",
+        batch_size=result.batch_size,
+        peak_bytes=result.peak_bytes,
+        budget_bytes=result.limit_bytes - options.headroom_bytes,
+        parameter_bytes=_state_bytes(result),
+        outcome=result.outcome,
+        note=estimate.summary(),
+        breakdown=by_category([Component(**c) for c in result.breakdown]),
+        squeezed_batch_size=estimate.squeezed_batch_size,
+        seconds=round(time.perf_counter() - start, 2),
+    ), result
 
 
 def _with_fraction(
