@@ -7,6 +7,7 @@
 # 2. For each workload: the proven answer on the card (`jaxfit fit`, autotuned on both sides), and,
 #    beside it on the host's CPU cores, the deviceless estimate for the same card from its captured
 #    config (`jaxfit fit --gpu-spec`: the safe answer and the squeezed one), same fraction.
+# NATIVE and DEVICELESS (space-separated workload names, default all) choose which sides run.
 # Everything lands in $OUT/deviceless.tar.gz (the device tool brings back at most 8 files) and a
 # summary in $OUT/summary.txt.
 set -u
@@ -36,6 +37,7 @@ deviceless() {  # the deviceless side, on the CPU, beside the card's fits: two a
   local w name fraction args start
   for w in "${WORKLOADS[@]}"; do
     IFS='|' read -r name fraction args <<< "$w"
+    case " ${DEVICELESS:-$name} " in *" $name "*) ;; *) continue ;; esac
     while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 1; done
     ( start=$SECONDS
       # shellcheck disable=SC2086
@@ -48,6 +50,7 @@ deviceless() {  # the deviceless side, on the CPU, beside the card's fits: two a
 deviceless &
 for w in "${WORKLOADS[@]}"; do
   IFS='|' read -r name fraction args <<< "$w"
+  case " ${NATIVE:-$name} " in *" $name "*) ;; *) continue ;; esac
   left=$((LIMIT - SECONDS))
   if [ "$left" -lt 40 ]; then echo "$name native skipped: $left s left" >> "$RAW/sides.txt"; continue; fi
   start=$SECONDS

@@ -40,6 +40,8 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, TextIO
 
+TRITON_TILING_ERRORS = ("No supported config found for HLO", "Couldn't find output tile sizes")
+"""What a deviceless GPU compile says when it finds no Triton tiling for a dot without autotuning."""
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 REPLY_FD_ENV = "JAXFIT_REPLY_FD"
 REQUEST_FD_ENV = "JAXFIT_REQUEST_FD"
@@ -635,7 +637,16 @@ class Server:
                 "RESOURCE_EXHAUSTED: Out of memory while autotuning beside the compile of batch %d "
                 "(emulated: $%s)" % (min(beside), EMULATE_CROWDED_OOM_ENV)
             )
-        return lowered.compile(compiler_options=options) if options else lowered.compile()
+        try:
+            return lowered.compile(compiler_options=options) if options else lowered.compile()
+        except Exception as e:
+            # Deviceless (a GPU that is not here), XLA finds no Triton tiling for some dots without
+            # autotuning ("No supported config found", "Couldn't find output tile sizes"): such a dot
+            # goes to cuBLAS instead, as autotuning would have let it.
+            text = str(e)
+            if self.info.get("topology") != "target" or not any(m in text for m in TRITON_TILING_ERRORS):
+                raise
+            return lowered.compile(compiler_options=dict(options, xla_gpu_enable_triton_gemm=False))
 
     def _keep(self, batch: int, fingerprint: str, compiled: Any, memory: Dict[str, Any]) -> None:
         with self._kept_lock:
