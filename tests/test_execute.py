@@ -57,13 +57,15 @@ def _env(out: Path) -> dict[str, str]:
     return env
 
 
-def _schedule(folder: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _schedule(
+    folder: Path, *args: str, timeout: float = 120, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "jaxfit.cli", "schedule", "queue.yaml", *args],
         cwd=folder,
         capture_output=True,
         text=True,
-        env=_env(folder / "out"),
+        env={**_env(folder / "out"), **(extra_env or {})},
         timeout=timeout,
     )
 
@@ -138,9 +140,10 @@ def test_a_run_that_does_not_hold_the_pool_it_was_given_fails_once_with_the_reas
     """jaxfit's start-up hook compares the run's GPU pool with the one it was given before the first
     step (``$JAXFIT_POOL_BYTES``; on a GPU the scheduler sets it). Here the queue sets it on a run
     whose jax is on the CPU, as a run with both spellings of the fraction is: the run is stopped
-    at its first jitted call, and no retry is spent on what another attempt cannot change."""
-    _queue(tmp_path, [_fake("a", "--jit", retries=2, env={"JAXFIT_POOL_BYTES": str(3 << 30)})])
-    proc = _schedule(tmp_path, *LOGICAL, "--json", "result.json")
+    at its first jitted call, and no retry is spent on what another attempt cannot change. (A queue's
+    env may not set it: the variable reaches the run from the scheduler's own environment here.)"""
+    _queue(tmp_path, [_fake("a", "--jit", retries=2)])
+    proc = _schedule(tmp_path, *LOGICAL, "--json", "result.json", extra_env={"JAXFIT_POOL_BYTES": str(3 << 30)})
     assert proc.returncode == 1, proc.stderr + proc.stdout
     row = _result(tmp_path)["a"]
     assert (row["state"], row["attempts"]) == ("failed", 1)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxfit._probe import jaxfit_trust as trust
 from jaxfit.errors import ConfigError
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.devices import GPU
@@ -33,7 +34,12 @@ def _make_plan_task() -> Callable[..., dict[str, Any]]:
     """The planning task's body, pickled by value (standard library and ``ray`` only)."""
 
     def jaxfit_plan(
-        queue_name: str, queue_text: str, cwd: str, arguments: Sequence[str], env: Mapping[str, str]
+        queue_name: str,
+        queue_text: str,
+        cwd: str,
+        arguments: Sequence[str],
+        env: Mapping[str, str],
+        pin_key: bytes | None = None,
     ) -> dict[str, Any]:
         import json
         import os
@@ -53,6 +59,11 @@ def _make_plan_task() -> Callable[..., dict[str, Any]]:
             plan_path = os.path.join(work, "plan.json")
             full_env = dict(os.environ)
             full_env.update(env)
+            if pin_key:  # the pins are signed with the user's own key, as the scheduler's machine checks them
+                key_path = os.path.join(work, "pin-key")
+                with os.fdopen(os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                    f.write(pin_key)
+                full_env["JAXFIT_PIN_KEY"] = key_path
             proc = subprocess.run(
                 [sys.executable, "-m", "jaxfit.cli", "schedule", queue_path, "--dry-run", "--quiet", "--json",
                  plan_path, *arguments],
@@ -130,8 +141,12 @@ def plan_on_cluster(
         )
     note(f"planning on a node of the Ray cluster with {want} GPU(s)...")
     task = ray.remote(_make_plan_task()).options(num_gpus=want, num_cpus=0, max_retries=0, name="jaxfit:plan")
+    try:
+        key: bytes | None = trust.load_key(create=True)
+    except trust.UntrustedPin:  # no key to be had here: the runs compile their own programs
+        key = None
     ref = task.remote(
-        Path(queue.source).name, Path(queue.source).read_text(), os.getcwd(), list(arguments), dict(env or {})
+        Path(queue.source).name, Path(queue.source).read_text(), os.getcwd(), list(arguments), dict(env or {}), key
     )
     try:
         result = ray.get(ref, timeout=PLAN_TIMEOUT_S)
@@ -149,9 +164,10 @@ def plan_on_cluster(
         files = result["pins"].get(run["name"])
         if run.get("pin") and files:
             target = folder / "pins" / run["name"]
-            target.mkdir(parents=True)
+            target.mkdir(parents=True, mode=0o700)
             for name, data in files.items():
-                (target / name).write_bytes(data)
+                with open(os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                    f.write(data)
             run["pin"]["path"] = str(target / Path(run["pin"]["path"]).name)
         elif run.get("pin"):
             run["pin"] = None  # its files did not come back: the run compiles its own program
