@@ -37,7 +37,7 @@ TRAIN = str(REPO / "scripts" / "train.py")
             "--max-batch 99999999999999999999 is beyond any batch a device can hold; use at most 2147483647",
         ),
         (["fit", "--no-such-flag"], "Unrecognized options: --no-such-flag; see jaxfit fit --help"),
-        (["nosuch"], "unknown command 'nosuch'; the commands are fit, run, tune, plan, examples"),
+        (["nosuch"], "unknown command 'nosuch'; the commands are fit, run, tune, plan, gpus, examples"),
         (
             [
                 "run",

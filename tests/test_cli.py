@@ -58,7 +58,7 @@ def test_version_and_an_unknown_command(run_cli):
     assert "backend cpu" in run_cli("version").stdout
     line = error_line(run_cli("frobnicate"))
     assert line == (
-        "jaxfit: error: unknown command 'frobnicate'; the commands are fit, run, tune, plan, examples, schedule, "
+        "jaxfit: error: unknown command 'frobnicate'; the commands are fit, run, tune, plan, gpus, examples, schedule, "
         "calibrate, version (see jaxfit --help)"
     )
     assert "(did you mean 'fit'?)" in error_line(run_cli("fti", "--example", "mlp-tiny"))

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, REPO
 
+from jaxfit._probe.jaxfit_trust import signing_key_path
+
 pytestmark = pytest.mark.slow  # real subprocesses and compiles
 
 MINI = str(FIXTURES / "mini_train.py")
@@ -29,6 +31,12 @@ def _pin(run_cli, tmp_path: Path, name: str, *flags: str, batch: int = 16) -> st
     return json.loads((tmp_path / name).read_text())["pin"]["path"]
 
 
+def signing_key(pin_path: str) -> str:
+    key = signing_key_path(pin_path)
+    assert key, f"no key of this user's signed {pin_path}"
+    return key
+
+
 def test_the_hook_loads_each_proven_program_in_turn_and_refuses_one_of_other_arguments(tmp_path, run_cli):
     """mini_train.py at learning rate 0.1 runs its pin, then the pin proved at learning rate 0 (the
     same arguments, another program: the weights stop changing, which shows it really runs), then
@@ -41,6 +49,7 @@ def test_the_hook_loads_each_proven_program_in_turn_and_refuses_one_of_other_arg
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_")}
     env.update(
         PYTHONPATH=str(REPO / "jaxfit" / "_probe"),
+        JAXFIT_PIN_KEY=signing_key(learning),  # as jaxfit's run environment names it: the test's own cache
         JAXFIT_PIN=learning,
         JAXFIT_PIN_REPORT=str(tmp_path / "pin.json"),
         JAXFIT_MEASURE="1,2",
@@ -76,6 +85,7 @@ def test_a_process_on_standby_waits_at_its_first_step_then_measures_the_pin_it_i
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXFIT_")}
     env.update(
         PYTHONPATH=str(REPO / "jaxfit" / "_probe"),
+        JAXFIT_PIN_KEY=signing_key(pin),
         JAXFIT_MEASURE="1,2",
         JAXFIT_MEASURE_STEP_NAME="train_step",
         XLA_PYTHON_CLIENT_MEM_FRACTION="0.5",

@@ -215,9 +215,10 @@ def test_run_forwards_signals_and_leaves_nothing_running(tmp_path, sig, code, sa
     assert "sleeper.py" not in ps
 
 
-def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
-    """--probe-timeout 3: the script, still in its start-up, is stopped at once when the time is up
-    (it cannot read a request to quit: asking first waited another 10 s)."""
+def test_fit_script_timeout_says_what_to_raise_and_kills_the_script(run_cli):
+    """--probe-timeout 3: the script, still in its start-up (nothing jitted), is stopped at once when
+    the time is up (it cannot read a request to quit: asking first waited another 10 s), and the
+    error says to wait longer."""
     marker = "jaxfit_probe_timeout_marker"
     started = time.monotonic()
     proc = run_cli(
@@ -233,7 +234,7 @@ def test_fit_script_timeout_names_step_name_and_kills_the_script(run_cli):
     )
     took = time.monotonic() - started
     line = error_line(proc)
-    assert "timed out after 3 s" in line and "--step-name" in line
+    assert "timed out after 3 s" in line and "raise --probe-timeout (now 3 s)" in line
     assert took < 10, f"{took:.1f} s for a 3 s --probe-timeout"
     time.sleep(0.5)
     assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

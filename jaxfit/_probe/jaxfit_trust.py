@@ -9,7 +9,8 @@ write a pin can run code there. So:
   write them; never a shared fallback), their files mode 0600.
 - **Signed.** Each ``pin.json`` carries an HMAC-SHA256 (:func:`sign`) over the executable's SHA-256
   and the pin's fields, made with a key of the user's own: 32 random bytes in
-  ``<jaxfit cache>/pin-key`` (mode 0600, made on first use; ``$JAXFIT_PIN_KEY`` names another).
+  ``<jaxfit cache>/pin-key`` (mode 0600, made on first use; ``$JAXFIT_PIN_KEY`` names another;
+  pins outside the cache, ``--no-cache``'s, are signed with one in their private temporary folder).
   Whoever can replace the executable can replace ``pin.json``, but not make its signature without
   the key.
 - **Checked before anything is unpickled.** The start-up hook refuses a pin whose folder or files
@@ -104,21 +105,23 @@ def private_folder(path: str) -> str:
     return path
 
 
-def load_key(create: bool) -> bytes:
-    """This user's pin key (made when missing and ``create``, in the first of :func:`key_paths`
-    whose folder can be made private).
+def load_key(create: bool, in_cache: bool = True) -> bytes:
+    """This user's pin key for signing. With ``create``: the first of :func:`key_paths` (the
+    temporary pins folder's first when not ``in_cache``: ``--no-cache`` writes nothing to the cache)
+    that exists or can be made in a private folder; without: the first that exists. Pins signed
+    with any of them are accepted (:func:`verify`).
 
     Raises:
       UntrustedPin: no key (and none to be made), or one that is not this user's or others can read.
     """
-    paths = key_paths()
-    existing = [p for p in paths if os.path.lexists(p)]
+    paths = key_paths() if in_cache else key_paths()[::-1]
     if not create:
+        existing = [p for p in paths if os.path.lexists(p)]
         if existing:
             return _read_key(existing[0])
         raise UntrustedPin("no pin key at %s: your jaxfit signed no pin" % " or ".join(paths))
     failures = []
-    for path in paths:  # the first place that has a key or can hold one: the one the hook reads first
+    for path in paths:
         if os.path.lexists(path):
             return _read_key(path)
         try:
@@ -158,9 +161,40 @@ def _message(pin: Dict[str, Any], executable_sha256: str) -> bytes:
     return (executable_sha256 + "\n" + json.dumps(fields, sort_keys=True, default=str)).encode()
 
 
-def sign(pin: Dict[str, Any], executable_sha256: str) -> str:
-    """The signature of ``pin`` (its fields) and the executable of that SHA-256, with this user's key (made when missing)."""
-    return hmac.new(load_key(create=True), _message(pin, executable_sha256), hashlib.sha256).hexdigest()
+def sign(pin: Dict[str, Any], executable_sha256: str, in_cache: bool = True) -> str:
+    """The signature of ``pin`` (its fields) and the executable of that SHA-256, with this user's key
+    (:func:`load_key`, made when missing)."""
+    return hmac.new(load_key(True, in_cache), _message(pin, executable_sha256), hashlib.sha256).hexdigest()
+
+
+def verification_keys() -> "list[bytes]":
+    """Every key of this user's that may have signed a pin (:func:`key_paths` that exist).
+
+    Raises:
+      UntrustedPin: none exists, or one is not this user's or others can read it.
+    """
+    existing = [p for p in key_paths() if os.path.lexists(p)]
+    if not existing:
+        raise UntrustedPin("no pin key at %s: your jaxfit signed no pin" % " or ".join(key_paths()))
+    return [_read_key(p) for p in existing]
+
+
+def signing_key_path(pin_path: str) -> Optional[str]:
+    """The key file of this user's that signed the pin at ``pin_path`` (checked against the
+    executable's SHA-256 it records), or None: unreadable, unsigned or signed with none of them."""
+    try:
+        with open(pin_path) as f:
+            pin = json.load(f)
+        message = _message(pin, str(pin.get("executable_sha256") or ""))
+        signature = str(pin.get(SIGNATURE_FIELD) or "")
+        for path in key_paths():
+            if os.path.lexists(path):
+                digest = hmac.new(_read_key(path), message, hashlib.sha256).hexdigest()
+                if signature and hmac.compare_digest(digest, signature):
+                    return path
+    except (OSError, ValueError, UntrustedPin, AttributeError):
+        pass
+    return None
 
 
 def check_files(pin_path: str) -> None:
@@ -190,8 +224,11 @@ def verify(pin: Dict[str, Any], pin_path: str, payload: bytes) -> None:
     signature = pin.get(SIGNATURE_FIELD)
     if not isinstance(signature, str) or not signature:
         raise UntrustedPin("the pin %s carries no signature (written by another jaxfit, or not by jaxfit)" % pin_path)
-    expected = hmac.new(load_key(create=False), _message(pin, hashlib.sha256(payload).hexdigest()), hashlib.sha256)
-    if not hmac.compare_digest(expected.hexdigest(), signature):
+    message = _message(pin, hashlib.sha256(payload).hexdigest())
+    if not any(
+        hmac.compare_digest(hmac.new(key, message, hashlib.sha256).hexdigest(), signature)
+        for key in verification_keys()
+    ):
         raise UntrustedPin(
             "the pin %s was not signed with your pin key (%s): not written by your jaxfit, or changed since"
             % (pin_path, key_path())

@@ -269,6 +269,7 @@ class CompileChild:
             threading.Thread(target=self._read_log, args=(log_r,), daemon=True).start()
             ready = self._receive(self.start_timeout, self._start_doing(), polite=False)
             if ready.get("op") == "error":
+                self._refuse_platform_that_failed(ready)
                 self._raise_reported(ready, "the compile child failed to start: ")
             self.info = DeviceInfo.from_dict(ready["info"])
             self.workload_info = ready["info"].get("workload", {})
@@ -301,6 +302,25 @@ class CompileChild:
         self.source = source
         self.workload_info = reply["info"].get("workload", {})
         return self.info
+
+    def _refuse_platform_that_failed(self, reply: Mapping[str, Any]) -> None:
+        """A ``JAX_PLATFORMS`` platform whose plugin is installed but cannot start here (a CUDA
+        plugin on a machine without a GPU or cuDNN: jax fails with an empty ``AssertionError``),
+        as one line with jax's own reason from the child's log."""
+        spelled = os.environ.get("JAX_PLATFORMS", "")
+        if (
+            isinstance(self.source, ScriptSource)
+            or not spelled
+            or not str(reply.get("message", "")).startswith("AssertionError")
+        ):
+            return
+        self.close(polite=False)
+        reasons = [line.strip() for line in self._log if line.startswith(("RuntimeError:", "Jax plugin"))]
+        reason = f" ({reasons[-1]})" if reasons else ""
+        raise errors.ConfigError(
+            f"JAX_PLATFORMS={spelled} asks for a platform jax cannot start here{reason}; unset JAX_PLATFORMS "
+            "(or set it to cpu) to compile on the CPU, or --gpu MODEL for a GPU that is not here"
+        )
 
     def _raise_reported(self, reply: Mapping[str, Any], internal_prefix: str = "the compile child failed: ") -> None:
         """Stop the child and raise the error it reported (a user error as its own class)."""

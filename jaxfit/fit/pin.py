@@ -217,7 +217,7 @@ def pin_answer(
         return None, "not pinned: the step's function name is unknown"
     try:
         root, moved = private_pins_root(root or pins_root())
-        trust.load_key(create=True)
+        trust.load_key(create=True, in_cache=root != Path(trust.temp_root()))
     except trust.UntrustedPin as e:
         return None, f"not pinned: {e}"
     folder = root / (key or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
@@ -288,6 +288,7 @@ def _describe(
     step_name: str,
     key: str | None,
 ) -> tuple[Pin | None, str | None]:
+    in_cache = folder.parent != Path(trust.temp_root())
     if not reply.get("ok"):
         return None, f"not pinned: the program could not be written ({str(reply.get('error'))[:300]})"
     written = MemoryReport.from_dict(reply["memory"])
@@ -339,7 +340,7 @@ def _describe(
         "created_at": time.time(),
     }
     try:
-        data[trust.SIGNATURE_FIELD] = trust.sign(data, digest)
+        data[trust.SIGNATURE_FIELD] = trust.sign(data, digest, in_cache)
         write_pin_file(folder / PIN_FILE, data)
     except (OSError, ConfigError, trust.UntrustedPin) as e:
         return None, f"not pinned: cannot write {folder / PIN_FILE}: {getattr(e, 'strerror', None) or e}"
@@ -387,7 +388,7 @@ def run_environment(pin: Pin | None, mem_fraction: float) -> dict[str, str]:
     env = {fraction_variable(): f"{mem_fraction:g}"}  # the spelling of the shell it is pasted in
     if pin is not None:
         env.update({"PYTHONPATH": PROBE_DIR, PIN_ENV: pin.path})
-        key = trust.key_path()
+        key = trust.signing_key_path(pin.path) or trust.key_path()
         if key != trust.default_key_path():  # a shell without jaxfit's variables finds the key that signed it
             env[trust.KEY_ENV] = key
     return env

@@ -154,7 +154,7 @@ def _luggage(spec: LaunchSpec, node: str) -> dict[str, Any]:
                 if f.is_file():
                     files[f"pin/{f.name}"] = f.read_bytes()
             inputs[var] = f"pin/{Path(path).name}"
-            key = spec.env.get(trust.KEY_ENV) or trust.key_path()
+            key = spec.env.get(trust.KEY_ENV) or trust.signing_key_path(path) or trust.key_path()
             if os.path.isfile(key):  # the node checks the pin's signature with the user's own key
                 files["key/pin-key"] = Path(key).read_bytes()
                 inputs[trust.KEY_ENV] = "key/pin-key"
