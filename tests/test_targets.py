@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import error_line
+from helpers import FIXTURES, error_line
 
 from jaxfit.errors import ConfigError
 from jaxfit.fit import targets
@@ -124,6 +124,61 @@ def test_two_gpu_models_give_different_repeatable_peaks_equal_to_a_direct_compil
         first["batch_size"] == second["batch_size"]
         and first["squeezed"]["peak_bytes"] == second["squeezed"]["peak_bytes"]
     )
+
+
+SCRIPT_DIRECT = """
+import functools, importlib.util, json, sys
+import jax, jax.numpy as jnp
+from jaxfit._probe.jaxfit_compile_server import memory_of, untuned_options
+from jaxfit.fit import mesh, targets
+path, model, limit, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+spec = importlib.util.spec_from_file_location("mini_train", path)
+mini = sys.modules["mini_train"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mini)
+target = targets.target_for(targets.find_model(model), 64 << 20)
+device = mesh.use_target_devices(target.spec_for(targets.squeezed_size(limit)), 1)[0]
+placed = jax.sharding.SingleDeviceSharding(device)
+on = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed), t)
+config = mini.Config(16, 256, 1)
+state = jax.eval_shape(functools.partial(mini.init, config), jax.random.key(0))
+rng = jax.eval_shape(lambda: jax.random.key(1))
+data = (jax.ShapeDtypeStruct((batch, 64), jnp.float32), jax.ShapeDtypeStruct((batch,), jnp.int32))
+step = jax.jit(functools.partial(mini.train_step, config), donate_argnums=(1,))
+compiled = step.lower(on(rng), on(state), on(data)).compile(
+    compiler_options={"xla_gpu_autotune_level": 0, **untuned_options()}
+)
+print(json.dumps(memory_of(compiled)))
+"""
+
+
+@pytest.mark.slow
+def test_a_script_is_estimated_for_a_gpu_that_is_not_here_as_a_direct_compile_of_its_step(run_cli, tmp_path):
+    """``fit --script --gpu``: the script runs on the CPU to its first step, which is exported for
+    CUDA and compiled for the card's compile-only devices; its peak at the answer equals a direct
+    ``jax.jit`` compile of the same step for those devices, made here without the script."""
+    mini = str(FIXTURES / "mini_train.py")
+    proc = run_cli(
+        "fit", "--script", "--gpu", "rtx-a6000", "--device-memory", "64MiB", "--mem-fraction", "0.1",
+        "--min-batch", "512", "--max-batch", "8192", "--multiple-of", "512", "--no-cache", "--json", "s.json",
+        "--", sys.executable, mini, "--steps", "1",
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    estimate = json.loads((tmp_path / "s.json").read_text())
+    assert estimate["estimate"] is True and estimate["squeezed"]["pin"] is None
+    squeezed = estimate["squeezed"]
+    assert squeezed["device"]["topology"] == "target" and squeezed["device"]["device_kind"] == "NVIDIA RTX A6000"
+    assert "trained" not in proc.stdout + proc.stderr  # the probe never ran a step
+    answer = squeezed["batch_size"]
+    assert 512 <= answer < 8192, answer  # a boundary inside the range, not its end
+    peak = next(c["peak_bytes"] for c in squeezed["candidates"] if c["batch_size"] == answer)
+    direct = subprocess.run(
+        [sys.executable, "-c", SCRIPT_DIRECT, mini, "rtx-a6000", str(int(0.1 * (64 << 20))), str(answer)],
+        capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300,
+    )  # fmt: skip
+    assert direct.returncode == 0, direct.stderr[-2000:]
+    memory = json.loads(direct.stdout.strip().splitlines()[-1])
+    assert peak == memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"]
 
 
 @pytest.mark.slow

@@ -294,15 +294,24 @@ def _rebuilt(tree: Any, leaf: Any) -> Any:
     return walk(tree)
 
 
-def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: Any) -> None:
+def _serve(
+    jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: Any, jit_kwargs: "dict[str, Any]"
+) -> None:
     """Answer jaxfit's compile requests for this step, then end the process."""
     global _serving
     _serving = True
     _importable()
     import jaxfit_compile_server as server_mod
+    import jaxfit_target
 
     requests, replies = _open_channels()
     try:
+        target = jaxfit_target.load()  # a GPU that is not here: the step is exported and compiled for it
+        if target is not None:
+            from jaxfit_pin import _static_arguments
+
+            target_devices = jaxfit_target.make_devices(target["spec"], jaxfit_target.device_count((args, kwargs)))
+            static = _static_arguments(fun, jit_kwargs)
         steps = _steps()
         selection = steps.find_batch(
             args, kwargs, _script_batch_size(), steps.arrays_at(args, kwargs, getattr(kind, "updated_positions", ()))
@@ -318,6 +327,10 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: A
 
         def lower(batch: int) -> Any:
             call_args, call_kwargs = resized(batch)
+            if target is not None:
+                return jaxfit_target.lower_for(
+                    jitted, call_args, call_kwargs, target_devices, donated, static, _rebuilt
+                )
             return jitted.lower(*call_args, **call_kwargs)
 
         description = {
@@ -369,10 +382,20 @@ def _serve(jitted: Any, fun: Any, args: tuple, kwargs: dict, found: str, kind: A
             # a step called with keyword arguments, or whose batch shares its arguments with the state
             # (equinox), is not run here (the compiled call takes them apart); its timing says so and a
             # fresh process measures it
-            concrete=None if kwargs or index is None else concrete,
+            concrete=None if kwargs or index is None or target is not None else concrete,
             donated=donated,
             keep_arguments=keep,
         )
+        if target is not None:  # what the compiler sees: the card's limit, as a GPU's
+            server.info.update(
+                topology="target",
+                platform="gpu",
+                device_kind=target["name"],
+                device_count=len(target_devices),
+                bytes_limit=target["limit"],
+                limit_sensitive=True,
+                compiler_memory=jaxfit_target.compiler_memory(target["spec"]),
+            )
     except Exception as e:
         server_mod.send_error(replies, "user", "WorkloadError", "the script's step %r: %s" % (_function_name(fun), e))
         os._exit(3)
@@ -451,6 +474,7 @@ class _Watched:
         self._fun = fun
         self._name = _function_name(fun)
         self._donated = _steps().donated_positions(fun, jit_kwargs)
+        self._jit_kwargs = jit_kwargs
         self._kinds: "dict[Any, Any]" = {}  # call signature -> Kind
         functools.update_wrapper(self, jitted, updated=())
 
@@ -475,11 +499,11 @@ class _Watched:
         if count & (count - 1) == 0:  # 1, 2, 4, 8...: enough for the error message
             _send({"op": "jit_called", "name": self._name, "count": count, "kind": _kinds.get(self._name)})
         if self._name == STEP_NAME:
-            _serve(self._jitted, self._fun, args, kwargs, "named %r" % STEP_NAME, kind)
+            _serve(self._jitted, self._fun, args, kwargs, "named %r" % STEP_NAME, kind, self._jit_kwargs)
         if kind.updates_state:
             named_pending = STEP_NAME in _seen  # the named step is jitted, and comes later
             if STEP_AUTO and not named_pending:
-                _serve(self._jitted, self._fun, args, kwargs, "found: %s" % kind.why, kind)
+                _serve(self._jitted, self._fun, args, kwargs, "found: %s" % kind.why, kind, self._jit_kwargs)
             _stop_training(self._name, kind.why)
         if kind.step_like:
             _evaluating(self._name)

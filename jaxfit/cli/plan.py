@@ -101,8 +101,8 @@ def plan_command(
     models = [targets.target_for(targets.find_model(g)) for g in gpus] + [targets.read_spec(f) for f in gpu_specs]
     if models and script:
         raise JaxfitError(
-            "--gpu plans a built-in example or an --entry step for cards that are not here; a script is planned "
-            "on the devices it runs on"
+            "plan --gpu plans a built-in example or an --entry step for cards that are not here; for a script, "
+            "estimate each card with jaxfit fit --script --gpu MODEL -- COMMAND"
         )
     nominal = list(DEFAULT_CARDS) if default_cards and not models else []
     chosen: list[Card] = (

@@ -229,11 +229,6 @@ def _start_target_child(
 
     target = options.target
     assert target is not None
-    if isinstance(source, ScriptSource):
-        raise ConfigError(
-            "--gpu compiles a built-in example or an --entry step for a card that is not here; a script is fitted "
-            "on the device it runs on (jaxfit fit --script on the card)"
-        )
     total = options.device_memory_bytes or target.memory_bytes
     limit = int(fraction * total)
     size = targets.squeezed_size(limit) if options.squeeze else targets.unsqueezed_size(limit)
