@@ -23,7 +23,7 @@ jf version > "$RAW/version.txt" 2>&1
 jf gpus capture --out "$OUT/card.txtpb" > "$RAW/capture.log" 2>&1 || { cat "$RAW/capture.log"; exit 1; }
 cp "$OUT/card.txtpb" "$RAW/card.txtpb"
 
-# name | fraction | example arguments
+# name | fraction | what to fit (a built-in example, or --script -- COMMAND: last on the line)
 WORKLOADS=(
   "gpt-small-f32|0.12|--example gpt-small"
   "gpt-small-bf16-remat|0.05|--example gpt-small --set dtype=bfloat16 --set remat=true"
@@ -31,6 +31,8 @@ WORKLOADS=(
   "vit-small-bf16|0.06|--example vit-small --set dtype=bfloat16"
   "gpt-medium-bf16-remat|0.15|--example gpt-medium-bf16-remat"
   "mlp-f32|0.03|--example mlp"
+  "train-py-gpt-small|0.12|--script -- python3 scripts/train.py gpt_small --exp-name=dl --overwrite"
+  "train-py-vit-small|0.06|--script -- python3 scripts/train.py vit_small --exp-name=dl --overwrite"
 )
 
 deviceless() {  # the deviceless side, on the CPU, beside the card's fits: two at a time
@@ -41,8 +43,8 @@ deviceless() {  # the deviceless side, on the CPU, beside the card's fits: two a
     while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 1; done
     ( start=$SECONDS
       # shellcheck disable=SC2086
-      timeout $((LIMIT - SECONDS)) python3 -m jaxfit.cli fit $args --mem-fraction "$fraction" \
-        --gpu-spec "$OUT/card.txtpb" --no-cache --json "$RAW/$name.deviceless.json" > "$RAW/$name.deviceless.log" 2>&1
+      timeout $((LIMIT - SECONDS)) python3 -m jaxfit.cli fit --mem-fraction "$fraction" \
+        --gpu-spec "$OUT/card.txtpb" --no-cache --json "$RAW/$name.deviceless.json" $args > "$RAW/$name.deviceless.log" 2>&1
       echo "$name deviceless exit $? in $((SECONDS - start)) s" >> "$RAW/sides.txt" ) &
   done
   wait
@@ -55,8 +57,8 @@ for w in "${WORKLOADS[@]}"; do
   if [ "$left" -lt 40 ]; then echo "$name native skipped: $left s left" >> "$RAW/sides.txt"; continue; fi
   start=$SECONDS
   # shellcheck disable=SC2086
-  timeout "$left" python3 -m jaxfit.cli fit $args --mem-fraction "$fraction" --no-cache \
-    --json "$RAW/$name.native.json" > "$RAW/$name.native.log" 2>&1
+  timeout "$left" python3 -m jaxfit.cli fit --mem-fraction "$fraction" --no-cache \
+    --json "$RAW/$name.native.json" $args > "$RAW/$name.native.log" 2>&1
   echo "$name native exit $? in $((SECONDS - start)) s" >> "$RAW/sides.txt"
 done
 wait
