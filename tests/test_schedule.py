@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -385,7 +386,8 @@ def test_a_state_disk_that_takes_no_more_is_one_line(tmp_path, limit, said, left
     import resource
 
     queue = tmp_path / "q.yaml"
-    mini = REPO / "tests" / "fixtures" / "mini_train.py"
+    mini = tmp_path / "mini_train.py"  # its own copy: a run of another test's is no leftover of this one
+    shutil.copy(REPO / "tests" / "fixtures" / "mini_train.py", mini)
     queue.write_text(
         "gpus: 1\ndevice_memory: 1GiB\nprocess_overhead: 0\nexperiments:\n"
         f"  - name: a\n    command: [{sys.executable}, {mini}, --steps, '2']\n    batch: 8\n    fraction: 0.1\n"
