@@ -58,9 +58,10 @@ row "1c unwritable TMPDIR" env TMPDIR=/proc/nosuch "$py" -m jaxfit.cli fit --exa
 # 2. A queue's env may not undo what the scheduler sets.
 for kv in "PYTHONPATH: /tmp/elsewhere" "CUDA_VISIBLE_DEVICES: '3'" "XLA_PYTHON_CLIENT_PREALLOCATE: 'false'" "JAXFIT_PIN: /tmp/x/pin.json" "JAX_PLATFORMS: cuda"; do
     printf 'gpus: 1\ndevice_memory: 1GiB\nexperiments:\n  - name: a\n    command: [python, %s, debug, --exp-name=a]\n    env: {%s}\n' "$train" "$kv" > q.yaml
-    if [ "${kv%%:*}" = PYTHONPATH ]; then
-        row "2 env ${kv%%:*} (appended after the hook; dry run)" "$py" -m jaxfit.cli schedule q.yaml --dry-run --quiet --json q.json
-        "$py" -c "import json; d = json.load(open('q.json')); print('2 PYTHONPATH of the run:', [e.get('env', {}).get('PYTHONPATH') for e in d.get('experiments', d.get('runs', []))][:1])" 2>&1 | tail -1
+    if [ "${kv%%:*}" = PYTHONPATH ]; then  # a real run (batch and fraction given: no probe) prints its PYTHONPATH
+        printf 'gpus: 1\ndevice_memory: 1GiB\nreserve: 0\nprocess_overhead: 0\nexperiments:\n  - name: a\n    command: [%s, -c, "import os; open(%s, \x27w\x27).write(os.environ[\x27PYTHONPATH\x27])"]\n    batch: 8\n    fraction: 0.1\n    env: {%s}\n' "$py" "'$work/pythonpath.txt'" "$kv" > q.yaml
+        row "2 env PYTHONPATH: /tmp/elsewhere (a real run)" "$py" -m jaxfit.cli schedule q.yaml --quiet
+        echo "2 the run's PYTHONPATH: $(cat "$work/pythonpath.txt" 2>/dev/null)"
     else
         row "2 env ${kv%%:*}" "$py" -m jaxfit.cli schedule q.yaml --dry-run --quiet
     fi
@@ -104,8 +105,8 @@ row "9 tune --axis=--remat=none,full with --remat=dots" "$py" -m jaxfit.cli tune
 
 # The advice table.
 row "A1 fit --mem-fraction 1e-12" "$py" -m jaxfit.cli fit --example mlp-tiny --mem-fraction 1e-12
-mkdir -p ro && chmod 0555 ro
-row "A2 plan --markdown RO/hw.md" "$py" -m jaxfit.cli plan --example gpt-tiny --markdown ro/hw.md
+# (a read-only folder: /proc, which root cannot write either)
+row "A2 plan --markdown /proc/hw.md (a read-only folder)" "$py" -m jaxfit.cli plan --example gpt-tiny --markdown /proc/hw.md
 row "A3 run --batch-flag '--bs;touch X'" "$py" -m jaxfit.cli run --batch-flag '--bs;touch X' -- "$py" "$mini"
 mkdir -p cal.XXXX
 row "A4 calibrate --json FOLDER" "$py" -m jaxfit.cli calibrate --json cal.XXXX
