@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from jaxfit._probe.jaxfit_target import TARGET_ENV
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.answers import cached_answer, store_answer
@@ -236,7 +237,7 @@ def _start_target_child(
         json.dump({"name": target.name, "spec": target.spec_for(size), "limit": limit}, f)
     try:
         child, info = _open_child(
-            source, fraction, options, cache_path, extra={"JAXFIT_TARGET": f.name, "JAX_PLATFORMS": "cpu"}
+            source, fraction, options, cache_path, extra={TARGET_ENV: f.name, "JAX_PLATFORMS": "cpu"}
         )
     finally:
         os.unlink(f.name)

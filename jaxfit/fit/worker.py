@@ -15,6 +15,8 @@ import sys
 from typing import Any
 
 from jaxfit._probe import jaxfit_compile_server as server_mod
+from jaxfit._probe.jaxfit_target import compiler_memory
+from jaxfit._probe.jaxfit_target import load as _target
 
 SOURCE_ENV = "JAXFIT_WORKLOAD_SOURCE"
 
@@ -51,28 +53,6 @@ def _served(text: str, topology: str) -> dict[str, Any]:
         "concrete": None if topology in ("mock", "target") else concrete,  # compile-only devices cannot run
         "donated": workload.donate_argnums,
     }
-
-
-TARGET_ENV = "JAXFIT_TARGET"
-"""A GPU compiled for without it: a JSON file ``{"name", "spec", "limit"}`` (its target config, with
-the ``device_memory_size`` the compiler is to see, and the card's limit under the fraction)."""
-
-
-def _memory_size(spec: str) -> int | None:
-    import re
-
-    found = re.search(r"device_memory_size:\s*(\d+)", spec)
-    return int(found.group(1)) if found else None
-
-
-def _target() -> dict[str, Any] | None:
-    path = os.environ.get(TARGET_ENV)
-    if not path:
-        return None
-    import json
-
-    with open(path) as f:
-        return dict(json.load(f))
 
 
 def main() -> int:
@@ -117,7 +97,7 @@ def main() -> int:
                 device_count=mesh.devices,
                 bytes_limit=target["limit"],
                 limit_sensitive=True,
-                compiler_memory=_memory_size(target["spec"]),
+                compiler_memory=compiler_memory(target["spec"]),
             )
     except Exception as e:
         from jaxfit.errors import JaxfitError
