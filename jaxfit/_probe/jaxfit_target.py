@@ -14,6 +14,7 @@ Standard library and jax only, Python 3.9+: it runs in the script's environment.
 
 import json
 import os
+import re
 from typing import Any, Dict, Optional, Sequence
 
 TARGET_ENV = "JAXFIT_TARGET"
@@ -30,12 +31,27 @@ def load() -> Optional[Dict[str, Any]]:
         return dict(json.load(f))
 
 
+MEMORY_FIELD = re.compile(r"device_memory_size:\s*(\d+)")
+"""A target config's ``device_memory_size``: the memory the compiler sees."""
+
+
 def compiler_memory(spec: str) -> Optional[int]:
     """The ``device_memory_size`` of a target config."""
-    import re
-
-    found = re.search(r"device_memory_size:\s*(\d+)", spec)
+    found = MEMORY_FIELD.search(spec)
     return int(found.group(1)) if found else None
+
+
+def info_fields(target: Dict[str, Any], device_count: int) -> Dict[str, Any]:
+    """What a compile server for ``target`` reports of its devices: the card's limit, as a GPU's."""
+    return {
+        "topology": "target",
+        "platform": "gpu",
+        "device_kind": target["name"],
+        "device_count": device_count,
+        "bytes_limit": target["limit"],
+        "limit_sensitive": True,
+        "compiler_memory": compiler_memory(target["spec"]),
+    }
 
 
 def device_count(tree: Any) -> int:
@@ -50,22 +66,27 @@ def device_count(tree: Any) -> int:
     return count
 
 
+class NoTopology(Exception):
+    """No compile-only devices for a target config here. ``unreadable``: this jaxlib cannot parse
+    the config (else: no CUDA plugin, or another failure); the message is jax's first line."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.unreadable = "parse" in text.lower()
+
+
 def make_devices(spec: str, count: int) -> "list[Any]":
     """``count`` compile-only devices of the GPU of ``spec``.
 
     Raises:
-      RuntimeError: jax here has no CUDA plugin, or it cannot read the config (said in words).
+      NoTopology: jax here has no CUDA plugin, or it cannot read the config.
     """
     from jax.experimental import topologies
 
     try:
         topology = topologies.get_topology_desc(platform="cuda", target_config=spec, topology="1x1x%d" % count)
-    except Exception as e:
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise RuntimeError(
-            "cannot compile for a GPU that is not here in the script's environment (%s): install jax's CUDA plugin "
-            "there (pip install 'jax[cuda13]' or 'jax[cuda12]', matching its jax)" % text
-        ) from None
+    except Exception as e:  # the plugin missing, or a config it cannot parse
+        raise NoTopology(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     return list(topology.devices)[:count]
 
 
@@ -125,9 +146,8 @@ def lower_for(
     donated_dynamic = {kept_positions.index(i) for i in donated if i in kept_positions}
 
     def program(*kept_leaves: Any) -> Any:
-        leaves = [_unused(x) for x in flat]
-        for i, value in zip(kept, kept_leaves):
-            leaves[i] = value
+        given = dict(zip(kept, kept_leaves))
+        leaves = [given[i] if i in given else _unused(x) for i, x in enumerate(flat)]
         call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, leaves)
         return exported.call(*call_args, **call_kwargs)
 

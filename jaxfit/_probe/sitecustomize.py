@@ -310,7 +310,17 @@ def _serve(
         if target is not None:
             from jaxfit_pin import _static_arguments
 
-            target_devices = jaxfit_target.make_devices(target["spec"], jaxfit_target.device_count((args, kwargs)))
+            try:
+                target_devices = jaxfit_target.make_devices(target["spec"], jaxfit_target.device_count((args, kwargs)))
+            except jaxfit_target.NoTopology as e:
+                hint = (
+                    "its jaxlib cannot read the card's target config"
+                    if e.unreadable
+                    else "install jax's CUDA plugin there (pip install 'jax[cuda13]' or 'jax[cuda12]', matching its jax)"
+                )
+                raise RuntimeError(
+                    "cannot compile for a GPU that is not here in the script's environment (%s): %s" % (e, hint)
+                ) from None
             static = _static_arguments(fun, jit_kwargs)
         steps = _steps()
         selection = steps.find_batch(
@@ -387,15 +397,7 @@ def _serve(
             keep_arguments=keep,
         )
         if target is not None:  # what the compiler sees: the card's limit, as a GPU's
-            server.info.update(
-                topology="target",
-                platform="gpu",
-                device_kind=target["name"],
-                device_count=len(target_devices),
-                bytes_limit=target["limit"],
-                limit_sensitive=True,
-                compiler_memory=jaxfit_target.compiler_memory(target["spec"]),
-            )
+            server.info.update(jaxfit_target.info_fields(target, len(target_devices)))
     except Exception as e:
         server_mod.send_error(replies, "user", "WorkloadError", "the script's step %r: %s" % (_function_name(fun), e))
         os._exit(3)

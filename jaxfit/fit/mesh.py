@@ -190,21 +190,19 @@ def use_target_devices(spec_text: str, count: int) -> list[Any]:
     Raises:
       ConfigError: jax here has no CUDA plugin, or the config is not one this jaxlib reads.
     """
-    from jax.experimental import topologies
+    from jaxfit._probe.jaxfit_target import NoTopology, make_devices
 
     try:
-        topology = topologies.get_topology_desc(platform="cuda", target_config=spec_text, topology=f"1x1x{count}")
-    except Exception as e:  # the plugin missing, or a config it cannot parse
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "parse" in text.lower():
+        TARGET_DEVICES[:] = make_devices(spec_text, count)
+    except NoTopology as e:
+        if e.unreadable:
             raise ConfigError(
-                f"this jaxlib cannot read the GPU target config ({text}); capture one with this jax"
+                f"this jaxlib cannot read the GPU target config ({e}); capture one with this jax"
             ) from None
         raise ConfigError(
-            f"cannot compile for a GPU that is not here: {text}; install jax's CUDA plugin for this jax "
+            f"cannot compile for a GPU that is not here: {e}; install jax's CUDA plugin for this jax "
             '(pip install "jaxfit[targets]")'
         ) from None
-    TARGET_DEVICES[:] = list(topology.devices)[:count]
     return TARGET_DEVICES
 
 

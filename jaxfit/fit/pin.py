@@ -217,7 +217,8 @@ def pin_answer(
         return None, "not pinned: the step's function name is unknown"
     try:
         root, moved = private_pins_root(root or pins_root())
-        trust.load_key(create=True, in_cache=root != Path(trust.temp_root()))
+        in_cache = root != Path(trust.temp_root())  # --no-cache's pins are signed outside the cache
+        trust.load_key(create=True, in_cache=in_cache)
     except trust.UntrustedPin as e:
         return None, f"not pinned: {e}"
     folder = root / (key or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
@@ -242,6 +243,7 @@ def pin_answer(
         mem_fraction=mem_fraction,
         step_name=step_name,
         key=key,
+        in_cache=in_cache,
     )
     if pin is None:
         shutil.rmtree(folder, ignore_errors=True)
@@ -287,8 +289,8 @@ def _describe(
     mem_fraction: float,
     step_name: str,
     key: str | None,
+    in_cache: bool,
 ) -> tuple[Pin | None, str | None]:
-    in_cache = folder.parent != Path(trust.temp_root())
     if not reply.get("ok"):
         return None, f"not pinned: the program could not be written ({str(reply.get('error'))[:300]})"
     written = MemoryReport.from_dict(reply["memory"])

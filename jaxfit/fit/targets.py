@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from jaxfit._probe.jaxfit_target import MEMORY_FIELD
 from jaxfit.errors import ConfigError
 
 DEVICELESS_AIM = 0.8
@@ -196,7 +197,7 @@ def target_for(model: GpuModel, memory_bytes: int | None = None) -> Target:
     return Target(model.name, model.key, model.spec_text(memory), memory, model.source)
 
 
-SPEC_FIELD_MEMORY = re.compile(r"device_memory_size:\s*(\d+)")
+SPEC_FIELD_MEMORY = MEMORY_FIELD
 SPEC_FIELD_NAME = re.compile(r'device_description_str:\s*"([^"]*)"')
 
 

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from jaxfit._probe import jaxfit_compile_server as server_mod
-from jaxfit._probe.jaxfit_target import compiler_memory
+from jaxfit._probe.jaxfit_target import info_fields
 from jaxfit._probe.jaxfit_target import load as _target
 
 SOURCE_ENV = "JAXFIT_WORKLOAD_SOURCE"
@@ -91,14 +91,7 @@ def main() -> int:
         )
         server.info.update(topology=topology, mesh_devices=mesh.devices)
         if target is not None:  # what the compiler sees: the card's limit, as a GPU's
-            server.info.update(
-                platform="gpu",
-                device_kind=target["name"],
-                device_count=mesh.devices,
-                bytes_limit=target["limit"],
-                limit_sensitive=True,
-                compiler_memory=compiler_memory(target["spec"]),
-            )
+            server.info.update(info_fields(target, mesh.devices))
     except Exception as e:
         from jaxfit.errors import JaxfitError
 
