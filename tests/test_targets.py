@@ -74,6 +74,20 @@ def test_a_spec_file_that_is_not_one_or_has_no_size_is_one_line(tmp_path):
         targets.read_spec(tmp_path / "missing.txtpb")
 
 
+def test_deviceless_compiles_per_round_are_bounded_by_this_hosts_cores(monkeypatch):
+    from jaxfit.fit.common import default_width
+    from jaxfit.fit.compiler import DeviceInfo
+
+    def info(topology: str) -> DeviceInfo:
+        return DeviceInfo("gpu", "NVIDIA RTX A6000", 1, 1 << 30, True, 1 << 34, "0.10.2", topology)
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert default_width(info("real")) == 4  # a real GPU: untuned compiles overlap on its host
+    assert default_width(info("target")) == 2  # compiled on these two cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert default_width(info("target")) == 4
+
+
 # -- real deviceless compiles --------------------------------------------------------------------------
 DIRECT = """
 import json, sys
