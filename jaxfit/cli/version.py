@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json as json_module
+import logging
 import os
 import platform
 import sys
@@ -28,16 +29,55 @@ def environment_report() -> dict[str, Any]:
         "jaxlib": installed_version("jaxlib", "not installed"),
         "plugins": {name: v for name in PLUGINS if (v := installed_version(name, "")) != ""},
     }
-    try:
-        import jax
+    with _backend_warnings() as warnings:
+        try:
+            import jax
 
-        devices = jax.devices()
-        report["backend"] = jax.default_backend()
-        report["devices"] = [f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')}".strip() for d in devices]
-    except Exception as e:  # a broken backend is what this command is asked to show
-        report["backend"] = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-        report["devices"] = []
+            devices = jax.devices()
+            report["backend"] = jax.default_backend()
+            report["devices"] = [f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')}".strip() for d in devices]
+        except Exception as e:  # a broken backend is what this command is asked to show
+            report["backend"] = f"unavailable: {type(e).__name__}: {first_line(e)}".rstrip(": ")
+            report["devices"] = []
+    report["warnings"] = warnings
     return report
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message, its first line alone."""
+    return str(error).splitlines()[0] if str(error) else ""
+
+
+class _Collector(logging.Handler):
+    """Keeps the warnings jax logs while it starts its backends, as one line each."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage().splitlines()[0]
+        if record.exc_info and record.exc_info[1] is not None:
+            line = f"{line}: {first_line(record.exc_info[1])}"
+        self.lines.append(line)
+
+
+class _backend_warnings:
+    """Within it, what jax's backend start-up logs (e.g. a CUDA plugin that is installed for --gpu
+    but cannot start on a machine without a GPU, which jax prints as a traceback) is collected as
+    lines for the report instead of printed."""
+
+    def __enter__(self) -> list[str]:
+        self.logger = logging.getLogger("jax._src.xla_bridge")
+        self.collector = _Collector()
+        self.propagate = self.logger.propagate
+        self.logger.addHandler(self.collector)
+        self.logger.propagate = False
+        return self.collector.lines
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self.collector)
+        self.logger.propagate = self.propagate
 
 
 @app.command(name="version")
@@ -62,4 +102,10 @@ def version_command(json: bool = False) -> int:
     print(f"backend {report['backend']}")
     for device in report["devices"]:
         print(f"  {device}")
+    for warning in report["warnings"]:
+        print(f"note: {warning}")
+    if report["backend"] == "cpu" and any("xla_cuda" in w for w in report["warnings"]):
+        print(
+            "note: jax's CUDA plugin is installed but cannot start here, so jax runs on the CPU; --gpu MODEL estimates still work"
+        )
     return 0
