@@ -16,7 +16,7 @@ from helpers import FIXTURES, REPO, error_line, processes_with
 
 from jaxfit.fit.mesh import MeshSpec
 from jaxfit.fit.sources import script_source
-from jaxfit.plan.script import CellUnavailable, script_meshes, source_for_mesh
+from jaxfit.plan.script import CellUnavailable, deviceless_environment, script_meshes, source_for_mesh
 from jaxfit.plan.whatif import Card, what_if
 
 TRAIN = str(REPO / "scripts" / "train.py")
@@ -38,6 +38,20 @@ def test_script_meshes_and_the_environment_of_each_cell(monkeypatch):
         script_meshes(source, [1, 3], None, "--fsdp-devices")
     with pytest.raises(Exception, match="--fsdp-flag 'fsdp' must be a flag name"):
         script_meshes(source, [1], None, "fsdp")
+
+
+def test_a_gpu_model_cell_runs_the_script_on_host_devices(monkeypatch):
+    """A cell for a GPU model that is not here: one device is the command as ``fit --script --gpu``
+    probes it (the same cached question); N devices are N host devices on the CPU, GPUs here or not."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    source = script_source(DEBUG)
+    one = source_for_mesh(source, MeshSpec(1, 1), "--fsdp-devices", set_fsdp=False, deviceless=True)
+    assert one == source and one.identity() == source.identity()
+    two = source_for_mesh(source, MeshSpec(2, 2), "--fsdp-devices", set_fsdp=True, deviceless=True)
+    assert dict(two.env) == {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    assert two.run_command[-1] == "--fsdp-devices=2"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=4")
+    assert deviceless_environment(1)["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=1"
 
 
 def test_a_plan_whose_cells_are_all_unavailable_has_nothing_computed():
@@ -131,11 +145,66 @@ def test_a_plan_with_no_cell_computable_here_is_one_line(run_cli, tmp_path, monk
         (["--fsdp-flag", "fsdp", "--fsdp", "1"], "--fsdp-flag 'fsdp' must be a flag name"),
         (["--batch-size", "0"], "--batch-size 0 must be at least 1"),
         (["--example", "mlp"], "give one of --example, --entry or --script"),
+        (["--gpu", "gtx-980"], "--gpu 'gtx-980' is no model jaxfit knows"),
+        (["--gpu-spec", "missing.txtpb"], "--gpu-spec missing.txtpb: cannot read it"),
     ],
 )
 def test_bad_script_plans_are_one_line(run_cli, args, message):
     proc = run_cli("plan", "--script", *args, "--", sys.executable, SHAPED)
     assert proc.returncode == 2 and message in error_line(proc), proc.stderr
+
+
+MINI = [sys.executable, str(FIXTURES / "mini_train.py"), "--steps", "1"]
+# A tiny share of each card and a coarse grid: a boundary in one or two rounds of compiles.
+TINY = ["--mem-fraction", "0.00025", "--min-batch", "2048", "--max-batch", "6144", "--multiple-of", "2048"]
+
+
+@pytest.mark.slow
+def test_plan_script_for_gpu_models_gives_what_fit_script_gpu_gives(run_cli, tmp_path, isolated_cache):
+    """``plan --script --gpu A --gpu B``: a card column per GPU model, each cell a deviceless
+    estimate (safe and squeezed, never pinned) that is ``fit --script --gpu``'s own answer: fit's
+    answer is the plan's cell, and the plan's cell is what fit answers after it; a repeat is cached."""
+    fit_a = run_cli("fit", "--script", "--gpu", "rtx-4090", *TINY, "--json", "a.json", "--", *MINI)
+    assert fit_a.returncode == 0, fit_a.stderr[-3000:]
+    plan = run_cli(
+        "plan", "--script", "--gpu", "rtx-4090", "--gpu", "rtx-a6000", *TINY,
+        "--json", "plan.json", "--markdown", "hw.md", "--", *MINI,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    fit_b = run_cli("fit", "--script", "--gpu", "rtx-a6000", *TINY, "--json", "b.json", "--", *MINI)
+    assert fit_b.returncode == 0, fit_b.stderr[-3000:]
+    data = json.loads((tmp_path / "plan.json").read_text())
+    cells = {c["card"]: c for c in data["cells"]}
+    assert list(cells) == ["rtx-4090", "rtx-a6000"] and {(c["devices"], c["fsdp"]) for c in cells.values()} == {(1, 1)}
+    assert data["device_kind"] == "this machine's CPU (deviceless)"
+    for name, fitted in (("rtx-4090", "a.json"), ("rtx-a6000", "b.json")):
+        cell, fit = cells[name], json.loads((tmp_path / fitted).read_text())
+        assert cell["status"] == "estimate" and fit["estimate"] is True and fit["safe"]["pin"] is None
+        assert (cell["batch_size"], cell["squeezed_batch_size"], cell["peak_bytes"], cell["note"]) == (
+            fit["batch_size"], fit["squeezed_batch_size"], fit["safe"]["peak_bytes"], fit["summary"],
+        ), name  # fmt: skip
+        assert cell["budget_bytes"] == fit["safe"]["limit_bytes"] and cell["outcome"] == "boundary"
+        assert "An estimate of an untuned program" in cell["note"]
+    # the same question both ways: the plan reads fit's answer, and fit then reads the plan's
+    assert cells["rtx-4090"]["cached"] is True and cells["rtx-a6000"]["cached"] is False
+    fitted_a, fitted_b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    assert not fitted_a["safe"]["cached"] and fitted_b["safe"]["cached"] and fitted_b["squeezed"]["cached"]
+    assert cells["rtx-a6000"]["batch_size"] > cells["rtx-4090"]["batch_size"]  # twice the memory
+    out = " ".join(plan.stdout.split())
+    assert out.count("(est.)") >= 4 and f"rtx-4090 x 1 (safe {cells['rtx-4090']['batch_size']}, squeezed" in out
+    page = (tmp_path / "hw.md").read_text()
+    assert "**Estimates for GPU models that were not here**" in page and "| rtx-a6000 (" in page
+    assert not list(isolated_cache.parent.rglob("pin.json"))  # estimates are never pinned
+    again = run_cli(
+        "plan", "--script", "--gpu", "rtx-4090", "--gpu", "rtx-a6000", *TINY, "--json", "again.json", "--quiet",
+        "--", *MINI,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    repeat = json.loads((tmp_path / "again.json").read_text())
+    assert all(c["cached"] for c in repeat["cells"]) and [c["batch_size"] for c in repeat["cells"]] == [
+        c["batch_size"] for c in data["cells"]
+    ]
+    assert repeat["wall_seconds"] < cells["rtx-a6000"]["seconds"] / 3
 
 
 @pytest.mark.slow

@@ -51,7 +51,9 @@ def plan_command(
     machine, for host devices (the CPU compiler ignores the limit, so a cell compares the analysis
     with the card's budget). Scripts: each cell probes the command with its devices visible (the
     first N GPUs; host devices without GPUs) and, with --fsdp, its --fsdp-flag set; more GPUs than
-    this machine has cannot be planned for a script (it runs its own start-up on them). A card
+    this machine has cannot be planned for a script (it runs its own start-up on them), except for
+    --gpu models: their cells run the script's start-up on the CPU (N host devices) and compile its
+    step for N compile-only devices of the model, as `jaxfit fit --script --gpu` does. A card
     larger than this GPU at the fraction cannot be planned here and is marked not available. Every
     cell is cached when found: a plan cut short by Ctrl-C picks up where it stopped.
 
@@ -64,7 +66,7 @@ def plan_command(
         script: Plan the train step of an unmodified training script given after --, as `jaxfit fit --script` fits it.
         cards: A card to plan for, NAME=SIZE with the total CUDA reports (e.g. --card 4090=24564MiB), or a card measured on real hardware, H100 (80GB HBM3: 81,080 MiB) or H200 (143,160 MiB); repeatable, added to the defaults.
         default_cards: Include the nominal 24, 32, 48, 80, 96 and 141 GB cards (read as GiB; a real card gives JAX about 1 % less, see --card H100); --no-default-cards plans only the --card ones.
-        devices: Device counts to plan for (default 1 2 4; with --script, 1, 2, 4 and 8 up to the GPUs here).
+        devices: Device counts to plan for (default 1 2 4; with --script, 1, 2, 4 and 8 up to the GPUs here, or 1 when every card is a --gpu model).
         fsdp: FSDP sizes to plan for each device count (those that divide it); default 1 and the count itself (with --script: the command's own --fsdp-flag value, left as it is).
         fsdp_min_size: Arrays smaller than this stay replicated under FSDP (examples and entries).
         fsdp_flag: With --script and --fsdp: the script's FSDP-size flag, set to each size (openpi's --fsdp-devices).
@@ -72,7 +74,7 @@ def plan_command(
         json: Also write the table as JSON to this file.
         markdown: Also write a hardware-requirements page (Markdown) to this file: per card, whether it fits, the largest batch, the breakdown, what to change to fit, and how it was made.
         quiet: No progress lines.
-        gpus: A GPU model to plan for without it (jaxfit gpus list), repeatable: its cells are compiled deviceless, on this machine's CPU, and are estimates (untuned; the safe batch, and how far XLA's rematerialisation might go beyond it). With --gpu or --gpu-spec the nominal cards are left out unless --card names some. Needs jax's CUDA plugin (pip install "jaxfit[targets]").
+        gpus: A GPU model to plan for without it (jaxfit gpus list), repeatable: its cells are compiled deviceless, on this machine's CPU, and are estimates (untuned; the safe batch, and how far XLA's rematerialisation might go beyond it). With --gpu or --gpu-spec the nominal cards are left out unless --card names some. With --script, each such cell is `jaxfit fit --script --gpu MODEL`'s answer: the script runs on the CPU up to its first step, once for each of the two searches. Needs jax's CUDA plugin (pip install "jaxfit[targets]"; with --script, in the script's environment too).
         gpu_specs: A card's target config file to plan for, as --gpu (jaxfit gpus capture writes one on the card); repeatable.
     """
     parsed()
@@ -99,11 +101,6 @@ def plan_command(
     from jaxfit.fit import targets
 
     models = [targets.target_for(targets.find_model(g)) for g in gpus] + [targets.read_spec(f) for f in gpu_specs]
-    if models and script:
-        raise JaxfitError(
-            "plan --gpu plans a built-in example or an --entry step for cards that are not here; for a script, "
-            "estimate each card with jaxfit fit --script --gpu MODEL -- COMMAND"
-        )
     nominal = list(DEFAULT_CARDS) if default_cards and not models else []
     chosen: list[Card] = (
         nominal
@@ -125,15 +122,21 @@ def plan_command(
     options.validate()
     options.grid()
     source_for: Callable[[MeshSpec], Source]
+    estimate_source_for: Callable[[MeshSpec], Source] | None = None
     if script:
         from jaxfit.plan.script import default_device_counts, script_meshes, source_for_mesh
 
         base = probe.source()
-        meshes = script_meshes(base, default_device_counts() if devices is None else devices, fsdp, fsdp_flag)
+        if devices is None:  # GPU models alone: one device each (--devices N: N compile-only devices)
+            devices = (1,) if len(models) == len(chosen) else default_device_counts()
+        meshes = script_meshes(base, devices, fsdp, fsdp_flag)
         set_fsdp = fsdp is not None
 
         def source_for(mesh: MeshSpec) -> Source:
             return source_for_mesh(base, mesh, fsdp_flag, set_fsdp)
+
+        def estimate_source_for(mesh: MeshSpec) -> Source:  # the start-up on the CPU, as fit --script --gpu
+            return source_for_mesh(base, mesh, fsdp_flag, set_fsdp, deviceless=True)
 
         what = shlex.join(base.run_command)
     else:
@@ -178,7 +181,16 @@ def plan_command(
 
     if not quiet:
         err.print(f"[dim]{len(chosen) * len(meshes)} cells: {len(chosen)} cards x {len(meshes)} meshes[/]")
-    result = what_if(source_for, chosen, meshes, options, progress, fit_progress, batch_size=batch_size)
+    result = what_if(
+        source_for,
+        chosen,
+        meshes,
+        options,
+        progress,
+        fit_progress,
+        batch_size=batch_size,
+        estimate_source_for=estimate_source_for,
+    )
     if not result.computed:
         reasons = sorted({c.note for c in result.cells})
         raise JaxfitError(f"no cell of the plan can be computed here: {reasons[0]}")
@@ -186,6 +198,13 @@ def plan_command(
     notes = sorted({c.note for c in result.cells if c.status in ("does not fit", "not available")})
     for note in notes:
         Console().print(f"[dim]- {note}[/]", highlight=False)
+    for cell in result.cells:  # each estimate: its safe batch, how far squeezing might go, never a pin
+        if cell.status == "estimate":
+            Console().print(
+                f"[dim]- (est.) {cell.card} x {cell.devices} (safe {cell.batch_size}, squeezed "
+                f"{cell.squeezed_batch_size}): {cell.note}[/]",
+                highlight=False,
+            )
     # written after the table is shown: a file that cannot be written loses nothing
     if json:
         write_json(json, result.to_dict())

@@ -11,11 +11,18 @@ command run with
 
 A cell needing more GPUs than this machine shows is not available here: a script runs its own
 start-up (openpi initialises its parameters on the devices), which a mocked topology cannot run.
+
+A cell for a GPU model that is not here (``--gpu MODEL``, ``--gpu-spec FILE``) is the command as
+``jaxfit fit --script --gpu MODEL`` probes it: its start-up runs on the CPU, on N host devices (one
+device: the command as it is), and its step is compiled for N compile-only devices of the model
+(:func:`deviceless_environment`), so such cells need no GPU here, whatever the device count.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from collections.abc import Sequence
 
 from jaxfit.errors import ConfigError
@@ -52,14 +59,34 @@ def device_environment(devices: int) -> dict[str, str]:
         ) from None
 
 
-def source_for_mesh(source: ScriptSource, mesh: MeshSpec, fsdp_flag: str, set_fsdp: bool) -> ScriptSource:
-    """``source`` on ``mesh``: its devices (:func:`device_environment`) and, with ``set_fsdp``, its
-    FSDP flag set to ``mesh.fsdp``.
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def deviceless_environment(devices: int) -> dict[str, str]:
+    """The variables that make a script probed for a GPU model that is not here see ``devices``
+    devices: host devices on the CPU (its start-up runs there, ``JAX_PLATFORMS=cpu``, GPUs here or
+    not), each standing for a compile-only device of the model. One device, when nothing here
+    forces more host devices: none, so the cell is the very question ``jaxfit fit --script --gpu``
+    asks (and shares its cached answer).
+    """
+    forced = re.search(re.escape(HOST_DEVICES_FLAG) + r"=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    if devices == 1 and (forced is None or int(forced.group(1)) == 1):
+        return {}
+    flags = re.sub(re.escape(HOST_DEVICES_FLAG) + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
+    return {"XLA_FLAGS": " ".join([*flags, f"{HOST_DEVICES_FLAG}={devices}"]), "JAX_PLATFORMS": "cpu"}
+
+
+def source_for_mesh(
+    source: ScriptSource, mesh: MeshSpec, fsdp_flag: str, set_fsdp: bool, *, deviceless: bool = False
+) -> ScriptSource:
+    """``source`` on ``mesh``: its devices (:func:`device_environment`; ``deviceless``, for a GPU
+    model that is not here: :func:`deviceless_environment`) and, with ``set_fsdp``, its FSDP flag
+    set to ``mesh.fsdp``.
 
     Raises:
       CellUnavailable: the devices are not here.
     """
-    env = device_environment(mesh.devices)
+    env = deviceless_environment(mesh.devices) if deviceless else device_environment(mesh.devices)
     command = source.run_command
     if set_fsdp:
         command = tuple(with_batch(command, fsdp_flag, mesh.fsdp))

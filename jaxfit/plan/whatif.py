@@ -62,6 +62,11 @@ STATUS_TEXT: Mapping[str, str] = {
 }
 
 
+DEVICELESS_KIND = "this machine's CPU (deviceless)"
+"""What compiled a plan whose first answered cell is an estimate for a GPU model, as in a plan of GPU
+models alone (:attr:`PlanResult.device_kind`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """One card and mesh.
@@ -225,6 +230,7 @@ def what_if(
     fit_progress: Callable[[str, Mapping[str, Any]], None] | None = None,
     *,
     batch_size: int | None = None,
+    estimate_source_for: Callable[[MeshSpec], Source] | None = None,
 ) -> PlanResult:
     """Fit ``source_for(mesh)`` on every card of ``cards`` for every mesh of ``meshes``.
 
@@ -244,6 +250,9 @@ def what_if(
       fit_progress: Passed to every cell's fit (its rounds and compiles, as ``jaxfit fit`` shows them).
       batch_size: Also find, per cell, the smallest fraction of the card under which this global
         batch fits (:func:`jaxfit.fit.fit_fraction`).
+      estimate_source_for: The workload source of a cell estimated for a GPU model that is not here
+        (a card with a ``target``; default ``source_for``): a script's start-up then runs on host
+        devices (:func:`jaxfit.plan.script.deviceless_environment`).
 
     Raises:
       ConfigError: no card or no mesh, bad options, or a workload that cannot be built (the first
@@ -267,14 +276,15 @@ def what_if(
             # No program is written: a cell plans a card or mesh, it is not run here.
             card_options = dataclasses.replace(options, device_memory_bytes=card.total_bytes, pin=False)
             try:
-                source = source_for(dataclasses.replace(mesh, allow_mock=True))  # more devices than here: mocked
                 if card.target is not None:
+                    source = (estimate_source_for or source_for)(dataclasses.replace(mesh, allow_mock=True))
                     estimated, found = _estimated(base, source, card.target, options, fit_progress)
                     first = first or found
                     cells.append(estimated)
                     if progress is not None:
                         progress(cells[-1], len(cells), total)
                     continue
+                source = source_for(dataclasses.replace(mesh, allow_mock=True))  # more devices than here: mocked
                 result = fit_batch(source, card_options, progress=fit_progress)
             except CellUnavailable as e:
                 cell = base(status="not available", note=str(e))
@@ -304,10 +314,13 @@ def what_if(
             cells.append(cell)
             if progress is not None:
                 progress(cell, len(cells), total)
+    device_kind = str(first.device.get("device_kind", "")) if first else ""
+    if first is not None and first.device.get("topology") == "target":  # compiled here, for the GPU model
+        device_kind = DEVICELESS_KIND
     return PlanResult(
         str(first.workload.get("name", "")) if first else "",
         fraction,
-        str(first.device.get("device_kind", "")) if first else "",
+        device_kind,
         cells,
         round(time.perf_counter() - start, 2),
         step=first.step if first else {},
@@ -330,17 +343,28 @@ def _estimated(
     estimate = fit_for_gpu(
         source, target, dataclasses.replace(options, device_memory_bytes=None), progress=fit_progress
     )
-    result = estimate.safe
+    result, squeezed = estimate.safe, estimate.squeezed
+    # answered from the cache when both searches were (a repeated plan, or one after jaxfit fit --gpu)
+    answered = [r for r in (squeezed, result) if r is not None]
+    cached = bool(answered) and all(r.cached for r in answered)
     if result is None:
-        return base(status="does not fit", note=estimate.summary(), seconds=round(time.perf_counter() - start, 2)), None
+        return base(
+            status="does not fit",
+            note=estimate.summary(),
+            cached=cached,
+            squeezed_batch_size=estimate.squeezed_batch_size,
+            seconds=round(time.perf_counter() - start, 2),
+        ), estimate.squeezed
     return base(
         status="estimate",
         batch_size=result.batch_size,
         peak_bytes=result.peak_bytes,
         budget_bytes=result.limit_bytes - options.headroom_bytes,
         parameter_bytes=_state_bytes(result),
-        outcome=result.outcome,
+        # the safe search stops at the squeezed answer: --max-batch is reached only when that one reached it
+        outcome=squeezed.outcome if squeezed is not None and squeezed.batch_size == result.batch_size else "boundary",
         note=estimate.summary(),
+        cached=cached,
         breakdown=by_category([Component(**c) for c in result.breakdown]),
         squeezed_batch_size=estimate.squeezed_batch_size,
         seconds=round(time.perf_counter() - start, 2),
