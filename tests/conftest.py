@@ -16,6 +16,12 @@ from helpers import FIXTURES, REPO, error_line  # noqa: F401 - re-exported for f
 # (OwnerDiedError). The subprocesses the tests start inherit it.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# The tests' compiles skip LLVM's expensive optimisations: XLA's memory analysis comes from buffer
+# assignment, before LLVM, so every peak is the same (mlp-tiny and gpt-tiny at batches 8 and 64:
+# equal to the byte) and a CPU compile takes about half the time. The subprocesses inherit it; a
+# test that sets XLA_FLAGS itself replaces it, and a developer's own XLA_FLAGS are left alone.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
