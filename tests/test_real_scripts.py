@@ -450,3 +450,20 @@ def test_sigterm_during_a_probe_takes_away_the_folder_its_start_up_made(tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_shared_working_folder_keeps_what_other_programs_made_during_a_probe(tmp_path):
+    """A script run from /tmp: an empty folder another program made there while the probe ran (as
+    pytest makes its next test's folder) is not the probe's and stays; what the probe itself made
+    there goes."""
+    from jaxfit.fit import leftovers
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)  # sticky and open to all, as /tmp
+    with leftovers.cleaned(shared) as left:
+        (shared / "other-program").mkdir()  # made by this process, which is no probe
+        env = dict(os.environ, PYTHONPATH=str(REPO / "jaxfit" / "_probe"), **leftovers.probe_environment())
+        subprocess.run([sys.executable, "-c", "import os; os.makedirs('probe-made')"], cwd=shared, env=env, check=True)
+    assert (shared / "other-program").is_dir() and not (shared / "probe-made").exists()
+    assert left.removed == ["probe-made"] and "shared folder" in left.note, left

@@ -22,12 +22,12 @@ script's output folders as it found them, so around a fit of a script (:func:`cl
    jaxfit's own folders, environments and compiled Python are left alone, unsaid.
 2. **The working folder, listed.** The net for writes no audit event tells of: it is listed before
    the first probe starts and after the last one ended; what appeared in between and holds no data
-   is removed (unless another user owns it or another live process holds it open: a shared folder
-   such as ``/tmp`` has other programs' files come and go), what holds data is named, never deleted (jaxfit cannot tell it from what another
+   is removed (unless another user owns it or another live process holds it open), what holds data is named, never deleted (jaxfit cannot tell it from what another
    run in the same folder wrote meanwhile, and a lost checkpoint is worse than a warning); the note
    says how to point the probe's outputs elsewhere (``--probe-arg``). The listing does not follow
    links and skips folders no script writes its outputs to (``.git``, virtual environments,
-   caches); a folder too large to list is left alone, and said so.
+   caches); a folder too large to list is left alone, and said so, and so is a shared (sticky)
+   folder such as ``/tmp``, where other programs' files and folders come and go.
 
 The fit's message says what was removed and what was kept (paths in the working folder relative
 to it, others absolute).
@@ -162,6 +162,17 @@ def listing(root: Path, exclude: frozenset[str] = frozenset()) -> set[str] | Non
         if len(found) > MAX_ENTRIES:
             return None
     return found
+
+
+def shared(folder: Path) -> bool:
+    """Whether ``folder`` is a shared one, sticky as ``/tmp`` is: every program makes its files and
+    folders there, so what appeared in it during a probe is no sign the probe made it (an empty
+    folder that another program had just made, pytest's for its next test among them, was taken
+    from under it)."""
+    try:
+        return bool(folder.stat().st_mode & stat.S_ISVTX)
+    except OSError:
+        return False
 
 
 def holds_data(path: Path) -> bool:
@@ -405,8 +416,13 @@ def cleaned(
     folder = Path(root or os.getcwd()).resolve()
     skip = frozenset(str(Path(p).resolve()) for p in exclude)
     record = _Recording(tempfile.mkdtemp(prefix="jaxfit-writes-"), folder, skip, result)
-    before = listing(folder, skip)
-    if before is None:
+    before = None if shared(folder) else listing(folder, skip)
+    if shared(folder):
+        result.note = (
+            f"{folder} is a shared folder (sticky, as /tmp): only what the probe's own processes created in it "
+            "is taken away, not what appeared there meanwhile"
+        )
+    elif before is None:
         result.note = f"{folder} is too large to check for what the probe created"
     with _records_lock:
         _records.append(record)
