@@ -119,15 +119,47 @@ class HostFakeDataset:
         return self._num_samples
 
 
+CKPT_SUFFIX = "_from_ckpt"
+"""``CONFIG_from_ckpt``: CONFIG on fake data with its weights loaded from a local checkpoint by openpi's
+own ``CheckpointWeightLoader`` (registered only while ``OPENPI_CKPT_ROOT`` is set; issue 42, item 4)."""
+
+
+def checkpoint_params(root: str | Path, name: str) -> Path:
+    """Where ``make_checkpoint.py`` writes config ``name``'s params and ``name_from_ckpt`` reads them."""
+    return Path(root) / name / "params"
+
+
+def from_checkpoint(config: Any, params_path: str | Path) -> Any:
+    """The fake-data copy of ``config`` that loads its weights from ``params_path`` (openpi's params
+    format, as ``openpi.models.model.restore_params`` reads it) with openpi's ``CheckpointWeightLoader``,
+    as openpi's own fine-tuning configs load ``gs://openpi-assets/checkpoints/pi0_base/params``: the
+    loaded arrays are cast on the host to the random init's dtypes (frozen params bfloat16), the LoRA
+    params the checkpoint lacks come from the random init, and openpi's jitted ``init`` takes the loaded
+    ones as a donated argument in place of creating them."""
+    import openpi.training.weight_loaders as _weight_loaders
+
+    return dataclasses.replace(
+        fake(config),
+        name=config.name + CKPT_SUFFIX,
+        weight_loader=_weight_loaders.CheckpointWeightLoader(str(params_path)),
+    )
+
+
 def register() -> list[str]:
     """Replace every config in openpi's registry by its fake-data, random-init copy (same name), and
-    (unless ``OPENPI_FAKE_DATA=openpi``) openpi's fake dataset by :class:`HostFakeDataset`."""
+    (unless ``OPENPI_FAKE_DATA=openpi``) openpi's fake dataset by :class:`HostFakeDataset`. With
+    ``OPENPI_CKPT_ROOT`` set, also register ``NAME_from_ckpt`` (:func:`from_checkpoint`) for each of
+    :data:`CONFIGS` and ``debug``, reading ``$OPENPI_CKPT_ROOT/NAME/params``."""
     import openpi.training.config as _config
     import openpi.training.data_loader as _data_loader
 
     names = list(_config._CONFIGS_DICT)
     for name in names:
-        _config._CONFIGS_DICT[name] = fake(_config._CONFIGS_DICT[name])
+        original = _config._CONFIGS_DICT[name]
+        _config._CONFIGS_DICT[name] = fake(original)
+        root = os.environ.get("OPENPI_CKPT_ROOT")
+        if root and name in (*CONFIGS, "debug"):
+            _config._CONFIGS_DICT[name + CKPT_SUFFIX] = from_checkpoint(original, checkpoint_params(root, name))
     if os.environ.get("OPENPI_FAKE_DATA", "host") != "openpi":
         original = _data_loader.create_torch_dataset
 
