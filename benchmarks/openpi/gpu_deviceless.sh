@@ -72,6 +72,7 @@ finish() {
   cat "$CELLS/summary.txt"
 }
 trap finish EXIT
+trap 'exit 143' TERM INT  # an outer `timeout` still gets the summary and the last archive
 
 . "$REPO/benchmarks/openpi/gpu_setup.sh" || exit $?
 export WANDB_MODE=disabled
@@ -149,7 +150,7 @@ for extra in "${EXTRA[@]}"; do
   side "$extra-deviceless" 15 "$extra" fit "${SPEC[@]}" ${EXTRA_DL_ARGS:-} &
 done
 while jobs -rp | grep -qvx -e "$SMI" -e "$MEM"; do
-  sleep 30
+  sleep 30 & wait $!  # a TERM is handled at once, not after the sleep
   stamp "GPU $(tail -1 "$CELLS/smi.csv" | cut -d, -f2), host $(tail -1 "$CELLS/host-mem.txt" | cut -d' ' -f2,3) MiB used/available;" \
     "$(for f in "$CELLS"/*-card.log "$CELLS"/*-deviceless*.log; do [ -f "$f" ] && printf '%s: %s; ' "$(basename "$f" .log)" "$(grep -E '^round|^  batch' "$f" | tail -1)"; done)"
   archive

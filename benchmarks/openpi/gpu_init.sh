@@ -61,6 +61,7 @@ finish() {
   cat "$CELLS/summary.txt"
 }
 trap finish EXIT
+trap 'exit 143' TERM INT  # an outer `timeout` still gets the summary and the last archive
 
 CONFIG=${CONFIGS[0]}
 . "$REPO/benchmarks/openpi/gpu_setup.sh" || exit $?
@@ -118,7 +119,7 @@ chain() {  # random probe and the checkpoint (at once), then the probe from the 
 for config in "${CONFIGS[@]}"; do chain "$config" & done
 [ "${PEAK:-1}" = 0 ] || (for config in "${CONFIGS[@]}"; do peak "$config-peak" "$config"; done) &
 while jobs -rp | grep -qvx -e "$SMI" -e "$MEM"; do
-  sleep 30
+  sleep 30 & wait $!  # a TERM is handled at once, not after the sleep
   stamp "GPU $(tail -1 "$CELLS/smi.csv" | cut -d, -f2), host $(tail -1 "$CELLS/host-mem.txt" | cut -d' ' -f2,3) MiB used/available"
   archive
 done
