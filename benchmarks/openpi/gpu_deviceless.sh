@@ -40,6 +40,10 @@ BUDGET_S=${BUDGET_S:-540}
 FRACTION=${FRACTION:-0.9}
 SITE=${SITE:-/tmp/site}
 OPENPI_DIR=${OPENPI_DIR:-/tmp/openpi}
+case ${DL_MODE:=halves} in
+  halves | sequential | safe | squeezed | cli | none) ;;
+  *) echo "gpu_deviceless: DL_MODE is halves, sequential, safe, squeezed, cli or none, not '$DL_MODE'" >&2; exit 2 ;;
+esac
 START=$(date +%s)
 rm -rf "$CELLS"  # a warm machine keeps the last call's logs: not this call's
 mkdir -p "$FINAL" "$CELLS"
@@ -120,7 +124,7 @@ side() {
 SPEC=(--gpu-spec "$CELLS/card.txtpb")
 # shellcheck disable=SC2086  # the ARGS are split on purpose
 side "$CONFIG-card" 0 "$CONFIG" fit ${CARD_ARGS:-} &
-case ${DL_MODE:-halves} in
+case $DL_MODE in
   halves)  # the two searches of `fit --gpu-spec` at once, in two processes (two CPU start-ups side by side)
     # shellcheck disable=SC2086
     side "$CONFIG-deviceless-squeezed" 10 "$CONFIG" squeezed "${SPEC[@]}" ${DL_ARGS:-} &
@@ -143,7 +147,6 @@ case ${DL_MODE:-halves} in
     side "$CONFIG-deviceless" 10 "$CONFIG" fit "${SPEC[@]}" ${DL_ARGS:-} &
     ;;
   none) ;;
-  *) echo "gpu_deviceless: DL_MODE is halves, sequential, safe, squeezed, cli or none, not '$DL_MODE'"; exit 2 ;;
 esac
 for extra in "${EXTRA[@]}"; do
   # shellcheck disable=SC2086
