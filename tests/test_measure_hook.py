@@ -1,14 +1,40 @@
 """The measuring hook's loader phase: the script's loop timed with the step skipped (pure logic on
-a Python step; no training process)."""
+a Python step; no training process). Time is a test clock that moves only when a step or the
+loader "takes" its seconds, so a loaded machine cannot stretch one program past another."""
 
 from __future__ import annotations
 
 import json
-import time
+import time  # replaced by the test clock in every test (the fixture below)
 
 import pytest
 
+from jaxfit._probe import jaxfit_measure
 from jaxfit._probe.jaxfit_measure import MeasuredStep
+
+
+class _Clock:
+    """The hook's and the tests' ``time``: ``sleep`` moves it, nothing else does."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+    time = perf_counter
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr(jaxfit_measure, "time", fake)
+    monkeypatch.setitem(globals(), "time", fake)  # this module's sleeps: the steps' and the loader's seconds
+    return fake
 
 
 class _Finished(Exception):
@@ -49,9 +75,8 @@ def test_after_the_timed_steps_the_loop_is_timed_without_the_step(tmp_path):
     # 1 warm-up + 2 timed steps ran the step; then 3 calls without it (the first gap overlaps a step)
     assert runs == [0, 1, 2] and calls == 6
     data = json.loads(report.read_text())
-    assert len(data["step_seconds"]) == 2 and all(s >= 0.05 for s in data["step_seconds"])
-    assert len(data["input_seconds"]) == 2
-    assert all(0.02 <= s < 0.05 for s in data["input_seconds"]), data["input_seconds"]
+    assert data["step_seconds"] == pytest.approx([0.05, 0.05])
+    assert data["input_seconds"] == pytest.approx([0.02, 0.02])  # the loader alone, the step skipped
 
 
 def test_the_steps_are_reported_before_the_loader_phase_in_case_the_script_ends():
@@ -110,7 +135,7 @@ def test_several_programs_are_timed_in_turn_on_the_state_the_loop_carries(tmp_pa
     programs = data["programs"]
     assert [p["pin"] for p in programs] == [None, "b", "other", "c"]
     assert programs[2] == {"pin": "other", "error": "it takes other arguments"}
-    assert all(s >= 0.03 for s in programs[1]["step_seconds"]) and len(programs[3]["step_seconds"]) == 2
+    assert programs[1]["step_seconds"] == pytest.approx([0.03, 0.03]) and len(programs[3]["step_seconds"]) == 2
     assert max(programs[0]["step_seconds"]) < min(programs[1]["step_seconds"])
     assert data["step_seconds"] == programs[0]["step_seconds"]  # the top level stays the first program's
 
@@ -118,7 +143,7 @@ def test_several_programs_are_timed_in_turn_on_the_state_the_loop_carries(tmp_pa
 def test_a_program_clearly_slower_than_one_timed_before_it_in_the_process_stops_after_its_look(tmp_path):
     """Successive halving inside one process: with a margin, the next program is compared with
     the fastest timed before it; a slow one stops after its look and the next is timed."""
-    step = _Programs({"fast": (0.01, 1), "slow": (0.3, 1), "last": (0.01, 1)}, "fast")  # far apart: a loaded machine
+    step = _Programs({"fast": (0.01, 1), "slow": (0.3, 1), "last": (0.01, 1)}, "fast")
     report = tmp_path / "measure.json"
     hook = _Kept(step, warmup=1, steps=4, report_path=str(report), more_programs=["slow", "last"], margin=(1, 0.1))
     with pytest.raises(_Finished):
