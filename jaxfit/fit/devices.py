@@ -109,9 +109,23 @@ def devices_environment(count: int, *, least_used: bool = False, flag: str = "--
         order = sorted(gpus, key=lambda g: (g.used_bytes, g.index)) if least_used else gpus
         positions = sorted(g.index for g in order[:count])
         return {"CUDA_VISIBLE_DEVICES": ",".join(visible_entry(i) for i in positions)}
-    host_flag = "--xla_force_host_platform_device_count"
-    flags = re.sub(re.escape(host_flag) + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
-    return {"XLA_FLAGS": " ".join([*flags, f"{host_flag}={count}"]), "JAX_PLATFORMS": "cpu"}
+    return host_devices_environment(count)
+
+
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+"""The XLA flag that gives a CPU process that many host devices."""
+
+
+def forced_host_devices() -> int | None:
+    """The host device count ``$XLA_FLAGS`` forces here, if it forces one."""
+    match = re.search(re.escape(HOST_DEVICES_FLAG) + r"=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(match.group(1)) if match else None
+
+
+def host_devices_environment(count: int) -> dict[str, str]:
+    """The variables that give a child ``count`` CPU host devices, the other ``XLA_FLAGS`` kept."""
+    flags = re.sub(re.escape(HOST_DEVICES_FLAG) + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
+    return {"XLA_FLAGS": " ".join([*flags, f"{HOST_DEVICES_FLAG}={count}"]), "JAX_PLATFORMS": "cpu"}
 
 
 def visible_entry(position: int) -> str:
@@ -128,10 +142,10 @@ def visible_entry(position: int) -> str:
 def visible_device_count() -> int:
     """Devices a child would see: CPU devices forced through XLA_FLAGS, the visible GPUs
     (:func:`detect_gpus`; CUDA_VISIBLE_DEVICES counted as given when nvidia-smi is missing), else 1."""
-    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    forced = forced_host_devices()
     has_smi = shutil.which("nvidia-smi") is not None
-    if match and ("cpu" in os.environ.get("JAX_PLATFORMS", "").split(",") or not has_smi):
-        return max(1, int(match.group(1)))
+    if forced is not None and ("cpu" in os.environ.get("JAX_PLATFORMS", "").split(",") or not has_smi):
+        return max(1, forced)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and not has_smi:
         return max(1, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))

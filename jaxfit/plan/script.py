@@ -21,13 +21,11 @@ device: the command as it is), and its step is compiled for N compile-only devic
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 from collections.abc import Sequence
 
 from jaxfit.errors import ConfigError
 from jaxfit.fit.command import batch_value, with_batch
-from jaxfit.fit.devices import devices_environment, gpus_here
+from jaxfit.fit.devices import devices_environment, forced_host_devices, gpus_here, host_devices_environment
 from jaxfit.fit.mesh import MeshSpec
 from jaxfit.fit.sources import ScriptSource
 
@@ -59,9 +57,6 @@ def device_environment(devices: int) -> dict[str, str]:
         ) from None
 
 
-HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
-
-
 def deviceless_environment(devices: int) -> dict[str, str]:
     """The variables that make a script probed for a GPU model that is not here see ``devices``
     devices: host devices on the CPU (its start-up runs there, ``JAX_PLATFORMS=cpu``, GPUs here or
@@ -69,11 +64,9 @@ def deviceless_environment(devices: int) -> dict[str, str]:
     forces more host devices: none, so the cell is the very question ``jaxfit fit --script --gpu``
     asks (and shares its cached answer).
     """
-    forced = re.search(re.escape(HOST_DEVICES_FLAG) + r"=(\d+)", os.environ.get("XLA_FLAGS", ""))
-    if devices == 1 and (forced is None or int(forced.group(1)) == 1):
+    if devices == 1 and forced_host_devices() in (None, 1):
         return {}
-    flags = re.sub(re.escape(HOST_DEVICES_FLAG) + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
-    return {"XLA_FLAGS": " ".join([*flags, f"{HOST_DEVICES_FLAG}={devices}"]), "JAX_PLATFORMS": "cpu"}
+    return host_devices_environment(devices)
 
 
 def source_for_mesh(
