@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message, its first line alone ("" for an empty message)."""
+    return str(error).splitlines()[0] if str(error) else ""
+
+
 class JaxfitError(Exception):
     """Base of every error that is the user's to fix. Its message is one line: what is wrong, and how to fix it."""
 

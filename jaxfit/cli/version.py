@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json as json_module
 import logging
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from jaxfit.cli.app import app, no_command, parsed
+from jaxfit.errors import first_line
 from jaxfit.versions import installed_version, jaxfit_version
 
 PLUGINS = ("jax-cuda13-plugin", "jax-cuda12-plugin", "jax-rocm-plugin", "libtpu")
@@ -43,11 +46,6 @@ def environment_report() -> dict[str, Any]:
     return report
 
 
-def first_line(error: BaseException) -> str:
-    """An exception's message, its first line alone."""
-    return str(error).splitlines()[0] if str(error) else ""
-
-
 class _Collector(logging.Handler):
     """Keeps the warnings jax logs while it starts its backends, as one line each."""
 
@@ -62,22 +60,20 @@ class _Collector(logging.Handler):
         self.lines.append(line)
 
 
-class _backend_warnings:
+@contextlib.contextmanager
+def _backend_warnings() -> Iterator[list[str]]:
     """Within it, what jax's backend start-up logs (e.g. a CUDA plugin that is installed for --gpu
     but cannot start on a machine without a GPU, which jax prints as a traceback) is collected as
     lines for the report instead of printed."""
-
-    def __enter__(self) -> list[str]:
-        self.logger = logging.getLogger("jax._src.xla_bridge")
-        self.collector = _Collector()
-        self.propagate = self.logger.propagate
-        self.logger.addHandler(self.collector)
-        self.logger.propagate = False
-        return self.collector.lines
-
-    def __exit__(self, *exc: object) -> None:
-        self.logger.removeHandler(self.collector)
-        self.logger.propagate = self.propagate
+    logger = logging.getLogger("jax._src.xla_bridge")
+    collector, propagate = _Collector(), logger.propagate
+    logger.addHandler(collector)
+    logger.propagate = False
+    try:
+        yield collector.lines
+    finally:
+        logger.removeHandler(collector)
+        logger.propagate = propagate
 
 
 @app.command(name="version")

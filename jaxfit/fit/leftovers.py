@@ -416,8 +416,9 @@ def cleaned(
     folder = Path(root or os.getcwd()).resolve()
     skip = frozenset(str(Path(p).resolve()) for p in exclude)
     record = _Recording(tempfile.mkdtemp(prefix="jaxfit-writes-"), folder, skip, result)
-    before = None if shared(folder) else listing(folder, skip)
-    if shared(folder):
+    is_shared = shared(folder)
+    before = None if is_shared else listing(folder, skip)
+    if is_shared:
         result.note = (
             f"{folder} is a shared folder (sticky, as /tmp): only what the probe's own processes created in it "
             "is taken away, not what appeared there meanwhile"

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from jaxfit.errors import ConfigError, WorkloadError
+from jaxfit.errors import ConfigError, WorkloadError, first_line
 from jaxfit.fit.command import DEFAULT_BATCH_FLAG, batch_value, check_command
 from jaxfit.fit.mesh import MeshSpec, shard_workload
 from jaxfit.fit.workload import Workload
@@ -110,8 +110,9 @@ class EntrySource:
         try:
             workload = factory()
         except Exception as e:
-            first = str(e).splitlines()[0] if str(e) else ""
-            raise WorkloadError(f"--entry {self.entry}: the factory raised {type(e).__name__}: {first}") from None
+            raise WorkloadError(
+                f"--entry {self.entry}: the factory raised {type(e).__name__}: {first_line(e)}"
+            ) from None
         if not isinstance(workload, Workload):
             raise WorkloadError(
                 f"--entry {self.entry}: the factory returned {type(workload).__name__}, not a jaxfit.Workload; "
