@@ -608,6 +608,7 @@ class Server:
                 "memory": memory,
                 "cached": cached,
                 "compile_s": time.perf_counter() - start,
+                "lower_s": lower_seconds,
                 "fingerprint": fingerprint,
             }
             if self.components is not None:

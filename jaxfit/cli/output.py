@@ -101,6 +101,23 @@ def run_line(result: FitResult, command: list[str] | None = None, batch_flag: st
     return "run with: " + " ".join(words)
 
 
+def phases_words(phases: dict) -> str:
+    """`` (start-up 61.2 s, search 3 rounds 150.3 s, proof 2 rounds 120.9 s, pin 2.1 s)``: where a
+    fit's time went; empty when not known (a cached answer)."""
+    if not phases:
+        return ""
+    words = [f"start-up {phases['start_seconds']:.1f} s"]
+    for part in ("search", "proof"):
+        if phases.get(f"{part}_rounds"):
+            n = phases[f"{part}_rounds"]
+            words.append(f"{part} {n} round{'s' if n != 1 else ''} {phases[f'{part}_seconds']:.1f} s")
+    if phases.get("lower_seconds"):
+        words.append(f"of which lowering {phases['lower_seconds']:.1f} s")
+    if phases.get("pin_seconds"):
+        words.append(f"pin {phases['pin_seconds']:.1f} s")
+    return " (" + ", ".join(words) + ")"
+
+
 def print_result(
     result: FitResult, console: Console, command: list[str] | None = None, batch_flag: str = "--batch-size"
 ) -> None:
@@ -114,6 +131,7 @@ def print_result(
         f"headroom {format_bytes(result.headroom_bytes)}, budget {format_bytes(result.budget_bytes)}\n"
         f"{result.compiles} compiles in {result.rounds} rounds, {result.wall_seconds:.1f} s"
         + (" (answer cache)" if result.cached else "")
+        + phases_words(result.phases)
         + (
             f"; per-process overhead outside the pool: {format_bytes(result.process_overhead_bytes)}"
             if result.process_overhead_bytes

@@ -53,13 +53,19 @@ class _Rounds:
         self.latest: dict[int, CompileOutcome] = {}  # the latest compile of each batch
         self.history: list[CompileOutcome] = []  # every compile, for the candidate table
         self.count = 0
+        self.seconds = {"search": 0.0, "proof": 0.0}  # wall time of the rounds, by kind
+        self.counts = {"search": 0, "proof": 0}
 
     def evaluator(self, autotune: bool, threads: int, keep_untuned: bool = False):
         """``batches -> {batch: need - budget}`` (:attr:`MemoryReport.need_bytes`) compiling with or
         without autotuning (``keep_untuned``: the child keeps the untuned programs, to be timed)."""
 
+        kind = "proof" if autotune and self.info.limit_sensitive else "search"
+
         def evaluate(batches: list[int]) -> dict[int, float]:
             self.count += 1
+            self.counts[kind] += 1
+            began = time.perf_counter()
             notify(
                 self.progress,
                 "round",
@@ -78,6 +84,7 @@ class _Rounds:
                     raise_compile_error(got[b])
                 self.latest[b] = got[b]
                 self.history.append(got[b])
+            self.seconds[kind] += time.perf_counter() - began
             return {b: self._excess(got[b]) for b in batches}
 
         return evaluate
@@ -96,6 +103,18 @@ class _Rounds:
             got[b] = self.child.compile([b], autotune=True, threads=1, on_result=shown, keep_untuned=keep_untuned)[b]
             if got[b].memory is None:
                 break
+
+    def phases(self, start_seconds: float, pin_seconds: float) -> dict[str, Any]:
+        """:attr:`FitResult.phases` of this fit."""
+        return {
+            "start_seconds": round(start_seconds, 3),
+            "search_seconds": round(self.seconds["search"], 3),
+            "search_rounds": self.counts["search"],
+            "proof_seconds": round(self.seconds["proof"], 3),
+            "proof_rounds": self.counts["proof"],
+            "lower_seconds": round(sum(o.lower_seconds for o in self.history if not o.cached), 3),
+            "pin_seconds": round(pin_seconds, 3),
+        }
 
     def _excess(self, outcome: CompileOutcome) -> float:
         return math.inf if outcome.memory is None else outcome.memory.need_bytes - self.budget
@@ -433,7 +452,9 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         return hit
 
     notify(progress, "starting", fraction=fraction, source=source)
+    began = time.perf_counter()
     child, info, total, limit, gpu_total = _start_child(source, fraction, options, options.cache_file())
+    start_seconds = time.perf_counter() - began
     try:
         budget = budget_mod.budget_bytes(limit, options.headroom_bytes)
         if budget <= 0:
@@ -495,6 +516,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         final = rounds.latest[answer].memory
         assert final is not None
         pin, pin_note = None, None
+        began = time.perf_counter()
         if options.pin:
             pin, pin_note = pin_answer(
                 child,
@@ -507,6 +529,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                 mem_fraction=fraction,
                 root=pins_root(options.use_cache),
             )
+        pin_seconds = time.perf_counter() - began
         overhead = child.process_overhead() if info.limit_sensitive and info.topology != "target" else NO_OVERHEAD
         timing = child.time(answer, *options.time_steps, give_up=options.time_give_up) if options.time_steps else None
         untuned_timings = (
@@ -572,8 +595,9 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         breakdown=[c.to_dict() for c in breakdown(final, rounds.latest[answer].components)],
         device_count=device_count,
         mesh=mesh,
+        phases=rounds.phases(start_seconds, pin_seconds),
     )
-    stored = dataclasses.replace(result, timing=None, untuned_timings=[])  # measurements of this process only
+    stored = dataclasses.replace(result, timing=None, untuned_timings=[], phases={})  # measurements of this process only
     store_answer(options, key, stored, source=source, manifest=child.manifest)
     notify(progress, "done", result=result)
     return result

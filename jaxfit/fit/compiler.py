@@ -59,6 +59,8 @@ class CompileOutcome:
       batch_size: The batch it was compiled at.
       memory: The memory analysis (``None`` when the compile failed).
       compile_seconds: Wall time of lowering + compiling (near zero on a cache hit).
+      lower_seconds: The part of it spent tracing and lowering the step (Python, one batch at a
+        time: a round's lowerings run one after another before its compiles run side by side).
       cached: Whether the answer came from the compile cache.
       oom: The compile itself ran out of memory (the step does not fit).
       error: The failure message when the compile failed for another reason.
@@ -75,6 +77,7 @@ class CompileOutcome:
     oom: bool = False
     error: str | None = None
     autotuned: bool = True
+    lower_seconds: float = 0.0
     components: tuple[tuple[str, int, int], ...] = ()
 
 
@@ -552,6 +555,7 @@ class CompileChild:
                 batch_size=int(reply["batch"]),
                 memory=memory,
                 compile_seconds=float(reply["compile_s"]),
+                lower_seconds=float(reply.get("lower_s") or 0.0),
                 cached=bool(reply.get("cached")),
                 oom=bool(reply.get("oom")),
                 error=None if reply.get("ok") else reply.get("error"),

@@ -39,6 +39,8 @@ class Candidate:
     next_input_bytes: int = 0
     """On a GPU, the next batch the loop holds beside the step (:func:`jaxfit.fit.memory.next_input_bytes`):
     ``fits`` is ``peak + next_input <= budget``."""
+    lower_seconds: float = 0.0
+    """The part of ``compile_seconds`` spent tracing and lowering the step."""
 
     @classmethod
     def of(cls, outcome: CompileOutcome, budget_bytes: int, **extra: Any) -> Candidate:
@@ -54,6 +56,7 @@ class Candidate:
             fits=m is not None and m.need_bytes <= budget_bytes,
             next_input_bytes=m.next_input_bytes if m else 0,
             compile_seconds=round(outcome.compile_seconds, 3),
+            lower_seconds=round(outcome.lower_seconds, 3),
             cached=outcome.cached,
             autotuned=outcome.autotuned,
             oom=outcome.oom,
@@ -101,6 +104,12 @@ class FitResult:
       untuned_timings: With ``FitOptions.rank_steps``: each listed batch up to the answer whose
         untuned program fits, run in the compile process (``batch``, ``ok``, ``step_seconds`` or
         ``error``), largest batch first; empty otherwise.
+      phases: Where the wall time went: ``start_seconds`` (the compile process, or the script's
+        probe up to its step), ``search_seconds``/``search_rounds`` (rounds of the search: untuned
+        compiles on a GPU), ``proof_seconds``/``proof_rounds`` (autotuned rounds that prove the
+        answer on a GPU), ``lower_seconds`` (of all rounds, the time spent tracing and lowering
+        the step, one batch after another), ``pin_seconds``; empty for a cached answer and a
+        fraction fit.
     """
 
     mode: FitMode
@@ -130,6 +139,7 @@ class FitResult:
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
     timing: dict[str, Any] | None = None
     untuned_timings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    phases: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def pinned(self) -> bool:
