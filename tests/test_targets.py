@@ -6,6 +6,7 @@ in the test extras): no GPU is used or needed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -86,6 +87,10 @@ def test_deviceless_compiles_per_round_are_bounded_by_this_hosts_cores(monkeypat
     assert default_width(info("target")) == 2  # compiled on these two cores
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert default_width(info("target")) == 4
+    assert default_width(info("real")) == 4  # 16 GiB of host memory: no room to widen
+    roomy = dataclasses.replace(info("real"), host_memory_bytes=128 << 30)
+    assert default_width(roomy) == 8  # a GPU host of 16 cores and 128 GiB: eight at once
+    assert default_width(dataclasses.replace(roomy, host_memory_bytes=64 << 30)) == 5  # five compiles of 12 GiB
 
 
 # -- real deviceless compiles --------------------------------------------------------------------------

@@ -33,16 +33,30 @@ def notify(progress: Progress | None, event: str, **data: Any) -> None:
         progress(event, data)
 
 
+WIDE_UNTUNED = 8
+"""The most untuned compiles a round runs on a GPU: on a host of 16 cores or more (a GPU host's
+usual), eight at once; below that, four. Measured on recorded openpi curves replayed through the
+search (benchmarks/search_replay.py), eight a round cut the search's rounds by about a third."""
+
+HOST_BYTES_PER_COMPILE = 12 << 30
+"""Host memory set aside for each compile running at once when the round is widened: a 3B-parameter
+train step's compile holds several GiB of the host's memory while it runs."""
+
+
 def default_width(info: DeviceInfo) -> int:
-    """Compiles per round: 4 on a GPU (untuned ones overlap), else up to 4 CPU cores.
+    """Compiles per round: on a GPU, 4, or up to :data:`WIDE_UNTUNED` where the host has two cores
+    and :data:`HOST_BYTES_PER_COMPILE` of memory for each (untuned ones overlap); else up to 4 CPU
+    cores.
 
     A deviceless compile for a card that is not here (``topology == "target"``) runs on this
     host's CPU cores, so it is bounded by them too: on 2 cores, four at once took twice as long as
     two at once for the same answer (mlp-tiny for an RTX A6000: 100 s against 48 s).
     """
+    cores = os.cpu_count() or 1
     if info.limit_sensitive and info.topology != "target":
-        return 4
-    return max(1, min(4, os.cpu_count() or 1))
+        by_memory = info.host_memory_bytes // HOST_BYTES_PER_COMPILE if info.host_memory_bytes else WIDE_UNTUNED
+        return max(4, min(WIDE_UNTUNED, cores // 2, by_memory))
+    return max(1, min(4, cores))
 
 
 def device_dict(info: DeviceInfo, total_bytes: int, gpu_total_bytes: int | None = None) -> dict[str, Any]:

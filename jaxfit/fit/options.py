@@ -90,7 +90,8 @@ class FitOptions:
       min_batch: Smallest batch size to consider.
       max_batch: Largest batch size to consider.
       multiple_of: Only consider multiples of this (e.g. the number of devices, or 8).
-      width: Concurrent compiles per search round (default 4 on a GPU, up to 4 CPU cores otherwise).
+      width: Concurrent compiles per search round (default on a GPU: 4, or 8 on a host of 16 cores
+        and 96 GiB or more; otherwise up to 4 CPU cores).
       use_cache: Use the answer and compile cache (~/.cache/jaxfit or $JAXFIT_CACHE_DIR); --no-cache
         compiles afresh.
       cache_path: The cache file (default: cache.sqlite3 in the cache folder).
