@@ -24,6 +24,7 @@ from typing import Any
 from jaxfit._probe.jaxfit_target import TARGET_ENV
 from jaxfit.errors import ConfigError, DoesNotFitError, JaxfitError
 from jaxfit.fit import budget as budget_mod
+from jaxfit.fit import guides
 from jaxfit.fit.answers import cached_answer, store_answer
 from jaxfit.fit.breakdown import breakdown
 from jaxfit.fit.common import (
@@ -379,6 +380,22 @@ def _search_listed(
     )
 
 
+def _lent_points(guide: str | None, budget: int, grid: Grid, progress: Progress | None) -> dict[int, float]:
+    """The untuned points earlier fits of this step lend this one's search (:mod:`jaxfit.fit.guides`),
+    on its grid; a note says which."""
+    if guide is None:
+        return {}
+    lent = {b: e for b, e in guides.seed(guide, budget).items() if b in grid.between(grid.first - 1, grid.last + 1)}
+    if lent:
+        notify(
+            progress,
+            "note",
+            text=f"the untuned search starts from {len(lent)} batches an earlier fit of this step compiled far from "
+            f"this budget ({', '.join(map(str, sorted(lent)))}); the answer is still proved here",
+        )
+    return lent
+
+
 def _time_untuned(
     child: CompileChild,
     rounds: _Rounds,
@@ -502,12 +519,21 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
             # round could not narrow it, so it is compiled as it will run at once, every point in one round
             found = search(rounds.evaluator(True, TUNED_WIDTH), grid, width=TUNED_WIDTH)
         else:
+            guide = guides.step_key(child.workload_info, dataclasses.asdict(info)) if tuned else None
+            lent = _lent_points(guide, budget, grid, progress)
             found = search(
                 rounds.evaluator(not info.limit_sensitive, width),
                 grid,
                 width=width,
+                known=lent,
                 leave_open=TUNED_WIDTH - 1 if tuned else 0,
             )
+            if guide is not None:
+                guides.record(
+                    guide,
+                    budget,
+                    {o.batch_size: o.memory.need_bytes for o in rounds.history if o.memory and not o.autotuned},
+                )
         if tuned and not narrow and listed is None:
             found = prove(rounds.evaluator(True, TUNED_WIDTH), grid, found, budget, width=TUNED_WIDTH)
         if found.answer is None:
@@ -597,7 +623,9 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         mesh=mesh,
         phases=rounds.phases(start_seconds, pin_seconds),
     )
-    stored = dataclasses.replace(result, timing=None, untuned_timings=[], phases={})  # measurements of this process only
+    stored = dataclasses.replace(
+        result, timing=None, untuned_timings=[], phases={}
+    )  # measurements of this process only
     store_answer(options, key, stored, source=source, manifest=child.manifest)
     notify(progress, "done", result=result)
     return result

@@ -13,6 +13,7 @@ from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.batch import fit_batch
 from jaxfit.fit.breakdown import Component, by_category
 from jaxfit.fit.fraction import fit_fraction
+from jaxfit.fit.guides import shared_untuned_curves
 from jaxfit.fit.mesh import MeshSpec, divisors
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.results import FitResult
@@ -269,51 +270,52 @@ def what_if(
     cells: list[Cell] = []
     first: FitResult | None = None
     total = len(cards) * len(meshes)
-    for card in cards:
-        for mesh in meshes:
-            cell_start = time.perf_counter()
-            base = functools.partial(Cell, card.name, card.total_bytes, mesh.devices, mesh.fsdp)
-            # No program is written: a cell plans a card or mesh, it is not run here.
-            card_options = dataclasses.replace(options, device_memory_bytes=card.total_bytes, pin=False)
-            try:
-                if card.target is not None:
-                    source = (estimate_source_for or source_for)(dataclasses.replace(mesh, allow_mock=True))
-                    estimated, found = _estimated(base, source, card.target, options, fit_progress)
-                    first = first or found
-                    cells.append(estimated)
-                    if progress is not None:
-                        progress(cells[-1], len(cells), total)
-                    continue
-                source = source_for(dataclasses.replace(mesh, allow_mock=True))  # more devices than here: mocked
-                result = fit_batch(source, card_options, progress=fit_progress)
-            except CellUnavailable as e:
-                cell = base(status="not available", note=str(e))
-            except DoesNotFitError as e:
-                cell = base(status="does not fit", note=str(e))
-            except ConfigError as e:
-                if "--device-memory" not in str(e):
-                    raise
-                cell = base(status="not available", note=str(e))
-            else:
-                first = first or result
-                cell = base(
-                    status=_status(result),
-                    batch_size=result.batch_size,
-                    peak_bytes=result.peak_bytes,
-                    budget_bytes=result.budget_bytes,
-                    parameter_bytes=_state_bytes(result),
-                    outcome=result.outcome,
-                    note=result.message,
-                    cached=result.cached,
-                    breakdown=by_category([Component(**c) for c in result.breakdown]),
-                    process_overhead_bytes=result.process_overhead_bytes,
-                )
-            if batch_size is not None and cell.status != "not available":
-                cell = _with_fraction(cell, source, batch_size, card_options, fit_progress)
-            cell = dataclasses.replace(cell, seconds=round(time.perf_counter() - cell_start, 2))
-            cells.append(cell)
-            if progress is not None:
-                progress(cell, len(cells), total)
+    with shared_untuned_curves():  # a cell's untuned search starts from what earlier cells compiled
+        for card in cards:
+            for mesh in meshes:
+                cell_start = time.perf_counter()
+                base = functools.partial(Cell, card.name, card.total_bytes, mesh.devices, mesh.fsdp)
+                # No program is written: a cell plans a card or mesh, it is not run here.
+                card_options = dataclasses.replace(options, device_memory_bytes=card.total_bytes, pin=False)
+                try:
+                    if card.target is not None:
+                        source = (estimate_source_for or source_for)(dataclasses.replace(mesh, allow_mock=True))
+                        estimated, found = _estimated(base, source, card.target, options, fit_progress)
+                        first = first or found
+                        cells.append(estimated)
+                        if progress is not None:
+                            progress(cells[-1], len(cells), total)
+                        continue
+                    source = source_for(dataclasses.replace(mesh, allow_mock=True))  # more devices than here: mocked
+                    result = fit_batch(source, card_options, progress=fit_progress)
+                except CellUnavailable as e:
+                    cell = base(status="not available", note=str(e))
+                except DoesNotFitError as e:
+                    cell = base(status="does not fit", note=str(e))
+                except ConfigError as e:
+                    if "--device-memory" not in str(e):
+                        raise
+                    cell = base(status="not available", note=str(e))
+                else:
+                    first = first or result
+                    cell = base(
+                        status=_status(result),
+                        batch_size=result.batch_size,
+                        peak_bytes=result.peak_bytes,
+                        budget_bytes=result.budget_bytes,
+                        parameter_bytes=_state_bytes(result),
+                        outcome=result.outcome,
+                        note=result.message,
+                        cached=result.cached,
+                        breakdown=by_category([Component(**c) for c in result.breakdown]),
+                        process_overhead_bytes=result.process_overhead_bytes,
+                    )
+                if batch_size is not None and cell.status != "not available":
+                    cell = _with_fraction(cell, source, batch_size, card_options, fit_progress)
+                cell = dataclasses.replace(cell, seconds=round(time.perf_counter() - cell_start, 2))
+                cells.append(cell)
+                if progress is not None:
+                    progress(cell, len(cells), total)
     device_kind = str(first.device.get("device_kind", "")) if first else ""
     if first is not None and first.device.get("topology") == "target":  # compiled here, for the GPU model
         device_kind = DEVICELESS_KIND
