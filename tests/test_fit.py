@@ -224,6 +224,11 @@ def test_gpu_flow_searches_untuned_and_proves_on_tuned_compiles(monkeypatch, gpu
     assert not any(r["autotune"] for r in rounds[:-1]) and all(len(r["batches"]) <= 4 for r in rounds)
     tuned = sorted(c.batch_size for c in result.candidates if c.autotuned)
     assert tuned == [answer, answer + 1] and result.rounds == len(rounds)
+    assert all(c.lower_seconds > 0 for c in result.candidates if not c.autotuned)
+    phases = result.phases
+    assert (phases["search_rounds"], phases["proof_rounds"]) == (len(rounds) - 1, 1)
+    assert phases["lower_seconds"] == pytest.approx(sum(c.lower_seconds for c in result.candidates), abs=0.01)
+    assert phases["start_seconds"] + phases["search_seconds"] + phases["proof_seconds"] <= result.wall_seconds
 
     untuned = jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), dataclasses.replace(options, verify=False))
     assert untuned.batch_size == answer and not any(c.autotuned for c in untuned.candidates)
