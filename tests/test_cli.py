@@ -17,7 +17,7 @@ def test_fit_prints_a_table_and_writes_documented_json(run_cli, tmp_path):
     proc = run_cli("fit", *SMALL, "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "fits: peak" in proc.stdout and "compile s" in proc.stdout
-    assert "round 1: compiling batch" in proc.stderr  # progress goes to stderr
+    assert "round 1 at " in proc.stderr and ": compiling batch" in proc.stderr  # progress goes to stderr
     data = json.loads(out.read_text())
     assert data["mode"] == "batch" and data["mem_fraction"] == 0.5 and data["multiple_of"] == 1
     assert data["budget_bytes"] == 4 << 20 and data["peak_bytes"] <= data["budget_bytes"]
