@@ -1,6 +1,6 @@
 """A markdown table of where cold fits spent their time, from their ``--json`` files.
 
-    python3 benchmarks/openpi/phases_summary.py OUT/w*/*.json
+python3 benchmarks/openpi/phases_summary.py OUT/w*/*.json
 """
 
 from __future__ import annotations
