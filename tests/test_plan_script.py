@@ -166,11 +166,14 @@ def test_plan_script_for_gpu_models_gives_what_fit_script_gpu_gives(run_cli, tmp
     answer is the plan's cell, and the plan's cell is what fit answers after it; a repeat is cached."""
     fit_a = run_cli("fit", "--script", "--gpu", "rtx-4090", *TINY, "--json", "a.json", "--", *MINI)
     assert fit_a.returncode == 0, fit_a.stderr[-3000:]
+    # the script starts once: the safe search compiles in the squeezed search's probe
+    assert " ".join(fit_a.stderr.split()).count("in the probe already started (no new start-up)") == 1
     plan = run_cli(
         "plan", "--script", "--gpu", "rtx-4090", "--gpu", "rtx-a6000", *TINY,
         "--json", "plan.json", "--markdown", "hw.md", "--", *MINI,
     )  # fmt: skip
     assert plan.returncode == 0, plan.stderr[-3000:]
+    assert " ".join(plan.stderr.split()).count("in the probe already started (no new start-up)") == 1  # the A6000
     fit_b = run_cli("fit", "--script", "--gpu", "rtx-a6000", *TINY, "--json", "b.json", "--", *MINI)
     assert fit_b.returncode == 0, fit_b.stderr[-3000:]
     data = json.loads((tmp_path / "plan.json").read_text())
@@ -205,6 +208,28 @@ def test_plan_script_for_gpu_models_gives_what_fit_script_gpu_gives(run_cli, tmp
         c["batch_size"] for c in data["cells"]
     ]
     assert repeat["wall_seconds"] < cells["rtx-a6000"]["seconds"] / 3
+
+
+@pytest.mark.slow
+def test_a_plan_for_two_gpu_models_starts_the_script_once(run_cli, tmp_path, isolated_cache):
+    """Two GPU models, nothing cached: four deviceless searches (safe and squeezed for each model)
+    in one probe, switched from card to card: the script's start-up runs once, and each cell's
+    answer is the one its own ``fit --script --gpu`` gives (here the A6000's, after the plan, from
+    the cache the plan filled; its safe program's peak equal to the byte)."""
+    plan = run_cli(
+        "plan", "--script", "--gpu", "rtx-4090", "--gpu", "rtx-a6000", *TINY, "--json", "plan.json", "--", *MINI,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert " ".join(plan.stderr.split()).count("in the probe already started (no new start-up)") == 3
+    cells = {c["card"]: c for c in json.loads((tmp_path / "plan.json").read_text())["cells"]}
+    assert all(c["status"] == "estimate" and not c["cached"] for c in cells.values())
+    assert cells["rtx-a6000"]["batch_size"] > cells["rtx-4090"]["batch_size"]
+    fresh = run_cli("fit", "--script", "--gpu", "rtx-a6000", *TINY, "--no-cache", "--json", "b.json", "--", *MINI)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    alone = json.loads((tmp_path / "b.json").read_text())
+    assert (alone["batch_size"], alone["squeezed_batch_size"], alone["safe"]["peak_bytes"]) == (
+        cells["rtx-a6000"]["batch_size"], cells["rtx-a6000"]["squeezed_batch_size"], cells["rtx-a6000"]["peak_bytes"],
+    )  # fmt: skip
 
 
 @pytest.mark.slow

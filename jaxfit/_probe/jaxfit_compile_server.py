@@ -480,8 +480,10 @@ class Server:
         donated: "tuple" = (),
         loader: "Optional[Callable[[str], Dict[str, Any]]]" = None,
         keep_arguments: "Optional[Callable[[list], None]]" = None,
+        retarget: "Optional[Callable[[Dict[str, Any]], Dict[str, Any]]]" = None,
     ) -> None:
         self.loader = loader
+        self.retargeter = retarget
         self.keep_arguments = keep_arguments
         self.lower = lower
         self.components = components
@@ -705,6 +707,22 @@ class Server:
         except Exception as e:  # e.g. a backend that cannot serialise, a full disk
             return {"op": "pinned", "ok": False, "batch": batch, "error": "%s: %s" % (type(e).__name__, e)}
 
+    def retarget(self, target: Dict[str, Any]) -> None:
+        """Compile for another GPU that is not here from now on (``{"name", "spec", "limit"}``, as
+        ``JAXFIT_TARGET`` gives one): ``retarget(target)`` switches the devices the step is lowered
+        for and gives the server's new device fields. Replies ``ready`` as a start does, or ``error``
+        (the old target is served still). A script's start-up is not run again."""
+        if self.retargeter is None:
+            send_error(self.replies, "internal", "RuntimeError", "this process compiles for one target only")
+            return
+        try:
+            fields = self.retargeter(target)
+        except Exception as e:
+            send_error(self.replies, "user", "ConfigError", "cannot compile for %s: %s" % (target.get("name"), e))
+            return
+        self.info.update(fields)
+        self.ready()
+
     def compile_many(self, request: Dict[str, Any]) -> None:
         batches = [int(b) for b in request["batches"]]
         threads = max(1, int(request.get("threads") or len(batches)))
@@ -858,6 +876,8 @@ class Server:
                 )
             elif op == "load":
                 self.load(str(request["source"]))
+            elif op == "retarget":
+                self.retarget(dict(request["target"]))
             elif op == "quit":
                 return
             else:

@@ -311,7 +311,8 @@ def _serve(
             from jaxfit_pin import _static_arguments
 
             try:
-                target_devices = jaxfit_target.make_devices(target["spec"], jaxfit_target.device_count((args, kwargs)))
+                count = jaxfit_target.device_count((args, kwargs))
+                compiled_for = {"devices": jaxfit_target.make_devices(target["spec"], count)}
             except jaxfit_target.NoTopology as e:
                 hint = (
                     "its jaxlib cannot read the card's target config"
@@ -339,7 +340,7 @@ def _serve(
             call_args, call_kwargs = resized(batch)
             if target is not None:
                 return jaxfit_target.lower_for(
-                    jitted, call_args, call_kwargs, target_devices, donated, static, _rebuilt
+                    jitted, call_args, call_kwargs, compiled_for["devices"], donated, static, _rebuilt
                 )
             return jitted.lower(*call_args, **call_kwargs)
 
@@ -368,6 +369,11 @@ def _serve(
             view, _ = _user_arguments(fun, call_args, call_kwargs, server_mod)
             return server_mod.describe_arguments(view, names, None, batch_ids=new_ids)
 
+        def retarget(other: "dict[str, Any]") -> "dict[str, Any]":
+            # another card (or the same card's other memory size), from the same start-up
+            compiled_for["devices"] = jaxfit_target.make_devices(other["spec"], count)
+            return jaxfit_target.info_fields(other, count)
+
         donated = tuple(getattr(kind, "donated", ()) or ())
         # The script's own arguments, live: a timing (``jaxfit tune --measure inline``) runs the
         # proven program on them (the state the script built, the script's batch tiled to the
@@ -395,9 +401,10 @@ def _serve(
             concrete=None if kwargs or index is None or target is not None else concrete,
             donated=donated,
             keep_arguments=keep,
+            retarget=retarget if target is not None else None,
         )
         if target is not None:  # what the compiler sees: the card's limit, as a GPU's
-            server.info.update(jaxfit_target.info_fields(target, len(target_devices)))
+            server.info.update(jaxfit_target.info_fields(target, count))
     except Exception as e:
         server_mod.send_error(replies, "user", "WorkloadError", "the script's step %r: %s" % (_function_name(fun), e))
         os._exit(3)

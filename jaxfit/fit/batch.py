@@ -125,7 +125,7 @@ class _Rounds:
 
 
 def _start_child(
-    source: Source, fraction: float, options: FitOptions, cache_path: str | None
+    source: Source, fraction: float, options: FitOptions, cache_path: str | None, progress: Progress | None = None
 ) -> tuple[CompileChild, DeviceInfo, int, int, int | None]:
     """The compile child under ``fraction``: ``(child, info, total, limit, gpu_total)`` (``gpu_total``:
     this GPU's own memory, None on a CPU).
@@ -142,7 +142,7 @@ def _start_child(
         not the fraction it was given (a growing pool, a variable the installed jax does not read).
     """
     if options.target is not None:
-        return _start_target_child(source, fraction, options, cache_path)
+        return _start_target_child(source, fraction, options, cache_path, progress)
     from jaxfit.fit.devices import cuda_total_bytes
 
     gpu_total = cuda_total_bytes()
@@ -240,12 +240,37 @@ def shared_compile_process(*, preallocate: bool = False) -> Iterator[None]:
             child.close()
 
 
+_TARGET_PROBES: contextvars.ContextVar[dict[str, CompileChild] | None] = contextvars.ContextVar(
+    "jaxfit_shared_target_probes", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_target_probe() -> Iterator[None]:
+    """While open, the deviceless fits of one script share its probe: the script starts once and
+    the probe compiles for each card and memory size in turn (an estimate's squeezed and safe
+    searches, every GPU model of ``jaxfit plan --script --gpu``), where each used to start the
+    script again. Opened again inside, it shares the outer one's probes; each is stopped at the end."""
+    if _TARGET_PROBES.get() is not None:
+        yield
+        return
+    pool: dict[str, CompileChild] = {}
+    token = _TARGET_PROBES.set(pool)
+    try:
+        yield
+    finally:
+        _TARGET_PROBES.reset(token)
+        for child in pool.values():
+            child.close()
+
+
 def _start_target_child(
-    source: Source, fraction: float, options: FitOptions, cache_path: str | None
+    source: Source, fraction: float, options: FitOptions, cache_path: str | None, progress: Progress | None = None
 ) -> tuple[CompileChild, DeviceInfo, int, int, int | None]:
     """The compile child of a GPU compiled for without it (``options.target``), on the CPU: its
     limit ``fraction x`` the card's memory (or ``--device-memory``), the ``device_memory_size`` the
-    compiler sees that limit squeezed toward (or, ``squeeze`` off, room to spare)."""
+    compiler sees that limit squeezed toward (or, ``squeeze`` off, room to spare). Inside
+    :func:`shared_target_probe`, a script's probe already started is switched to this card."""
     from jaxfit.fit import targets
 
     target = options.target
@@ -253,14 +278,26 @@ def _start_target_child(
     total = options.device_memory_bytes or target.memory_bytes
     limit = int(fraction * total)
     size = targets.squeezed_size(limit) if options.squeeze else targets.unsqueezed_size(limit)
+    entry = {"name": target.name, "spec": target.spec_for(size), "limit": limit}
+    pool = _TARGET_PROBES.get() if isinstance(source, ScriptSource) else None
+    key = json.dumps([repr(source), cache_path, options.start_timeout])
+    if pool is not None and key in pool:
+        shared = pool.pop(key)
+        if shared.running:
+            info = shared.retarget(entry)  # stops the child when it fails
+            pool[key] = shared
+            notify(progress, "note", text=f"compiling for {target.name} in the probe already started (no new start-up)")
+            return shared, info, total, limit, None
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="jaxfit-target-", delete=False) as f:
-        json.dump({"name": target.name, "spec": target.spec_for(size), "limit": limit}, f)
+        json.dump(entry, f)
     try:
         child, info = _open_child(
             source, fraction, options, cache_path, extra={TARGET_ENV: f.name, "JAX_PLATFORMS": "cpu"}
         )
     finally:
         os.unlink(f.name)
+    if pool is not None:
+        pool[key] = child
     return child, info, total, limit, None
 
 
@@ -304,9 +341,10 @@ def _open_child(
 
 
 def _release(child: CompileChild) -> None:
-    """Done with ``child``: stopped, unless a :func:`shared_compile_process` keeps it."""
-    pool = _SHARED.get()
-    if pool is None or not any(child is shared for shared in pool.values()):
+    """Done with ``child``: stopped, unless a :func:`shared_compile_process` or
+    :func:`shared_target_probe` keeps it."""
+    kept = [*(_SHARED.get() or {}).values(), *(_TARGET_PROBES.get() or {}).values()]
+    if not any(child is shared for shared in kept):
         child.close()
 
 
@@ -470,7 +508,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
 
     notify(progress, "starting", fraction=fraction, source=source)
     began = time.perf_counter()
-    child, info, total, limit, gpu_total = _start_child(source, fraction, options, options.cache_file())
+    child, info, total, limit, gpu_total = _start_child(source, fraction, options, options.cache_file(), progress)
     start_seconds = time.perf_counter() - began
     try:
         budget = budget_mod.budget_bytes(limit, options.headroom_bytes)

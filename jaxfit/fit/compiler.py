@@ -306,6 +306,22 @@ class CompileChild:
         self.workload_info = reply["info"].get("workload", {})
         return self.info
 
+    def retarget(self, target: Mapping[str, Any]) -> DeviceInfo:
+        """Compile for another GPU that is not here from now on (``{"name", "spec", "limit"}``), in
+        the same process: a script's probe serves every card and memory size of a plan or an
+        estimate from one start-up. Raises what :meth:`start` raises, and stops the child then."""
+        if self.info is None or self.info.topology != "target":
+            raise ValueError("only a started compile child of a GPU that is not here can compile for another")
+        self._send({"op": "retarget", "target": dict(target)})
+        while True:
+            reply = self._receive(self.start_timeout, f"compile for {target.get('name')}")
+            if reply.get("op") == "error":
+                self._raise_reported(reply, "the compile child failed to switch cards: ")
+            if reply.get("op") == "ready":
+                break
+        self.info = DeviceInfo.from_dict(reply["info"])
+        return self.info
+
     def _refuse_platform_that_failed(self, reply: Mapping[str, Any]) -> None:
         """A ``JAX_PLATFORMS`` platform whose plugin is installed but cannot start here (a CUDA
         plugin on a machine without a GPU or cuDNN: jax fails with an empty ``AssertionError``),

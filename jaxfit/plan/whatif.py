@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from jaxfit.errors import ConfigError, DoesNotFitError
 from jaxfit.fit import budget as budget_mod
-from jaxfit.fit.batch import fit_batch
+from jaxfit.fit.batch import fit_batch, shared_target_probe
 from jaxfit.fit.breakdown import Component, by_category
 from jaxfit.fit.fraction import fit_fraction
 from jaxfit.fit.guides import shared_untuned_curves
@@ -270,7 +270,8 @@ def what_if(
     cells: list[Cell] = []
     first: FitResult | None = None
     total = len(cards) * len(meshes)
-    with shared_untuned_curves():  # a cell's untuned search starts from what earlier cells compiled
+    # a cell's untuned search starts from what earlier cells compiled; a script's deviceless cells share one start-up
+    with shared_untuned_curves(), shared_target_probe():
         for card in cards:
             for mesh in meshes:
                 cell_start = time.perf_counter()
