@@ -56,7 +56,7 @@ def main() -> int:
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
 
     import jaxfit
-    from jaxfit.fit.batch import shared_compile_process
+    from jaxfit.fit.children import shared_compile_process
 
     checkpoints = tempfile.mkdtemp(prefix="probe-speed-ck-")
     command = script_command(args.config, args.precision, "probespeed", 40, checkpoints)

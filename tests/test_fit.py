@@ -357,13 +357,13 @@ def test_a_shared_compile_process_that_will_run_what_it_proves_holds_its_whole_p
     (A CPU has no pool: the variable each child starts with is what is checked.)"""
     from helpers import process_environ
 
-    from jaxfit.fit import batch as batch_mod
+    from jaxfit.fit import children
 
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # a user's setting does not decide it
     options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4, use_cache=False)
-    with batch_mod.shared_compile_process(preallocate=preallocate):
+    with children.shared_compile_process(preallocate=preallocate):
         jaxfit.fit_batch(jaxfit.example_source("mlp-tiny"), options)
-        (child,) = batch_mod._SHARED.get().values()
+        (child,) = children._SHARED.get().values()
         environ = process_environ(str(child._proc.pid))
     assert f"XLA_PYTHON_CLIENT_PREALLOCATE={'true' if preallocate else 'false'} " in environ + " "
 
@@ -373,7 +373,7 @@ def test_a_scripts_probe_that_will_time_what_it_proves_holds_its_whole_pool(prea
     """A script's probe is its own process, not a shared one, and a tune timing inline runs the
     proven program in it: it takes its pool at start too (on an H200 a probe whose pool grew could
     not hold a program that fit, benchmarks/JOURNAL.md section 27). The script records the variable."""
-    from jaxfit.fit import batch as batch_mod
+    from jaxfit.fit import children
 
     record = tmp_path / "preallocate.txt"
     record.write_text("")  # there before the probe: jaxfit removes the files a probe's start-up creates
@@ -389,7 +389,7 @@ def test_a_scripts_probe_that_will_time_what_it_proves_holds_its_whole_pool(prea
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     options = jaxfit.FitOptions(mem_fraction=0.5, max_batch=4, use_cache=False, width=1)
     source = jaxfit.script_source([sys.executable, str(wrapper), "--steps", "1", "--width", "8"])
-    with batch_mod.shared_compile_process(preallocate=preallocate):
+    with children.shared_compile_process(preallocate=preallocate):
         jaxfit.fit_batch(source, options)
     assert record.read_text().split() == ["true" if preallocate else "false"]
 

@@ -185,7 +185,7 @@ class CompileChild:
       start_timeout: Seconds to wait for JAX to start and the workload to build.
       python: The interpreter to run the child with.
       preallocate: Take the whole pool at start, as a training process does (a child that will
-        run what it proves: :func:`jaxfit.fit.batch.shared_compile_process`); else it grows.
+        run what it proves: :func:`jaxfit.fit.children.shared_compile_process`); else it grows.
     """
 
     def __init__(

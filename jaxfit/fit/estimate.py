@@ -102,12 +102,12 @@ def fit_for_gpu(
 ) -> GpuEstimate:
     """The largest batch of ``source`` that fits ``target`` under ``options.mem_fraction``, estimated
     deviceless (module docstring): the safe answer and the squeezed one. A script starts once: its
-    probe compiles for both memory sizes (:func:`jaxfit.fit.batch.shared_target_probe`).
+    probe compiles for both memory sizes (:func:`jaxfit.fit.children.shared_target_probe`).
 
     Raises:
       ConfigError, CompileError, WorkloadError, WorkerError: as :func:`jaxfit.fit_batch`.
     """
-    from jaxfit.fit.batch import shared_target_probe
+    from jaxfit.fit.children import shared_target_probe
 
     with shared_target_probe():  # a script starts once for both searches
         return _fit_for_gpu(source, target, options, progress, margin)

@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 from jaxfit.errors import ConfigError, DoesNotFitError
 from jaxfit.fit import budget as budget_mod
-from jaxfit.fit.batch import fit_batch, shared_target_probe
+from jaxfit.fit.batch import fit_batch
 from jaxfit.fit.breakdown import Component, by_category
+from jaxfit.fit.children import shared_target_probe
 from jaxfit.fit.fraction import fit_fraction
 from jaxfit.fit.guides import shared_untuned_curves
 from jaxfit.fit.mesh import MeshSpec, divisors

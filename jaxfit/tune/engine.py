@@ -11,7 +11,7 @@ For each setting (remat and precision of a built-in example, or a script's own f
    than the largest its twin without remat was proved to fit (settings without remat go first):
    at one micro-batch remat does the same work and a recompute (:func:`jaxfit.tune.space.plain_twin`). For a
    built-in example every fit of the tune runs in one compile process, which switches workloads
-   (:func:`jaxfit.fit.batch.shared_compile_process`); a script is probed in its own process each time.
+   (:func:`jaxfit.fit.children.shared_compile_process`); a script is probed in its own process each time.
    With ``--rank-untuned`` (experimental; a GPU with ``--measure inline``), the search's untuned
    program of every micro-batch is run a few steps first, and the proofs go in the order of those
    rates across all settings: a micro-batch more than ``--drop-margin`` below the best one proved
@@ -53,9 +53,9 @@ from typing import Any
 
 from jaxfit.errors import JaxfitError
 from jaxfit.fit import FitOptions
-from jaxfit.fit.batch import shared_compile_process
 from jaxfit.fit.budget import format_bytes
 from jaxfit.fit.cache import JsonStore, default_cache_path
+from jaxfit.fit.children import shared_compile_process
 from jaxfit.fit.common import Progress, notify
 from jaxfit.fit.devices import cuda_total_bytes
 from jaxfit.fit.jax_cache import shared_compile_cache
