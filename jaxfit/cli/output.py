@@ -103,8 +103,8 @@ def run_line(result: FitResult, command: list[str] | None = None, batch_flag: st
 
 
 def phases_words(phases: dict) -> str:
-    """`` (start-up 61.2 s, search 3 rounds 150.3 s, proof 2 rounds 120.9 s, pin 2.1 s; tracing the
-    step 20.4 s of the rounds)``: where a
+    """`` (start-up 61.2 s, search 3 rounds 150.3 s, proof 2 rounds 120.9 s, pin 2.1 s; 20.4 s of the
+    rounds tracing the step)``: where a
     fit's time went; empty when not known (a cached answer)."""
     if not phases:
         return ""
@@ -116,7 +116,7 @@ def phases_words(phases: dict) -> str:
     if phases.get("pin_seconds"):
         words.append(f"pin {phases['pin_seconds']:.1f} s")
     lowering = (
-        f"; tracing the step {phases['lower_seconds']:.1f} s of the rounds" if phases.get("lower_seconds") else ""
+        f"; {phases['lower_seconds']:.1f} s of the rounds tracing the step" if phases.get("lower_seconds") else ""
     )
     return " (" + ", ".join(words) + lowering + ")"
 
