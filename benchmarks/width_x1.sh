@@ -11,7 +11,7 @@ FRACTION=${2:-0.3}
 for W in 4 8; do
   CACHE=$(mktemp -d /tmp/jaxfit-cold-XXXXXX)
   JAXFIT_CACHE_DIR=$CACHE timeout 280 python3 -m jaxfit.cli fit --example "$EXAMPLE" --mem-fraction "$FRACTION" \
-    --width "$W" --no-pin --json "$OUT/$EXAMPLE-w$W.json" > "$OUT/$EXAMPLE-w$W.log" 2>&1
+    --width "$W" --json "$OUT/$EXAMPLE-w$W.json" > "$OUT/$EXAMPLE-w$W.log" 2>&1
   echo "width $W: exit $?"
   grep -E "round|compiles in" "$OUT/$EXAMPLE-w$W.log"
   rm -rf "$CACHE"
