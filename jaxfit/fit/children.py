@@ -185,6 +185,7 @@ def _start_target_child(
             pool[key] = shared
             notify(progress, "note", text=f"compiling for {target.name} in the probe already started (no new start-up)")
             return shared, info, total, limit, None
+        shared.close()  # it ended: what its start-up wrote is still taken away, then a new probe starts
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="jaxfit-target-", delete=False) as f:
         json.dump(entry, f)
     try:
