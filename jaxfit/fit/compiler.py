@@ -173,6 +173,13 @@ def _out_of_memory_line(log: Any) -> str:
     return lines[-1][:300] if lines else "RESOURCE_EXHAUSTED"
 
 
+def _grown_pool_ran_out(log: Any) -> bool:
+    """Whether a probe's start-up ran out of a GPU pool (XLA's BFC allocator: "Out of memory while
+    trying to allocate ... with allocator GPU_0_bfc")."""
+    line = _out_of_memory_line(log)
+    return "_bfc" in line and "allocate" in line
+
+
 class CompileChild:
     """A compile child process under one memory fraction.
 
@@ -219,6 +226,7 @@ class CompileChild:
         self._log: collections.deque[str] = collections.deque(maxlen=60)
         self._next_id = 0
         self._recording: Any = None  # the record of what this probe creates (jaxfit.fit.leftovers)
+        self.restarted_preallocated: str | None = None  # why the start-up was run again preallocated
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> CompileChild:
@@ -230,7 +238,42 @@ class CompileChild:
         self.close(polite=exc_type is None or issubclass(exc_type, Exception))
 
     def start(self) -> DeviceInfo:
-        """Start the child and wait until it has built the workload (or reached the step)."""
+        """Start the child and wait until it has built the workload (or reached the step).
+
+        A script whose start-up runs out of a GPU pool that grows is started once more with the
+        whole pool preallocated, as a training run takes it (XLA's default) before it is said not
+        to start: a pool that grows is a set of regions, and one large buffer of the start-up
+        cannot span two. On an H100 under a 24 GiB card's limit (21.60 GiB), openpi's
+        ``pi0_libero_low_mem_finetune`` init ran out of memory allocating 7.98 GiB in a growing
+        pool and finished, at a peak of 18.52 GiB, in a preallocated one
+        (``benchmarks/results/h100/init-24gib/``)."""
+        try:
+            return self._start_once()
+        except errors.DoesNotFitError:
+            if not self.probing or self.preallocate or not _grown_pool_ran_out(self._log):
+                raise
+            grown = _out_of_memory_line(self._log)
+        self._reset_for_restart()
+        self.preallocate = True
+        self.restarted_preallocated = grown
+        try:
+            return self._start_once()
+        except errors.DoesNotFitError as e:
+            raise errors.DoesNotFitError(
+                f"{e.what}; started again with the pool preallocated (as a training run takes it) after it "
+                f"ran out of a pool that grows ({grown}), it ran out again",
+                e.hint,
+            ) from None
+
+    def _reset_for_restart(self) -> None:
+        """Forget what the last start of this child saw, to start it again."""
+        self.info = None
+        self.workload_info, self.manifest = {}, None
+        self.jitted_names, self.called, self.called_kinds = [], {}, {}
+        self._replies = queue.Queue()
+        self._log.clear()
+
+    def _start_once(self) -> DeviceInfo:
         if isinstance(self.source, ScriptSource):  # the answer's command must be one the script takes
             check_batch_flag(list(self.source.run_command), self.source.batch_flag)
         else:  # the child runs in jaxfit's own environment: its jax must have the platform asked for
