@@ -27,6 +27,8 @@ CASES = {
     "pi0 LoRA 96 GiB, H200": "h200x2/openpi/call4/pi0_libero_low_mem_finetune-96GiB-gpu1-run.json",
     "pi0_libero 141 GB, H200": "h200x2/openpi/call2/pi0_libero-141GB-gpu1-run.json",
     "pi0-FAST LoRA 32 GiB, H200": "h200x4/openpi/call4/pi0_fast_libero_low_mem_finetune-32GiB.json",
+    "pi0 LoRA 48 GiB, H100, 2026-12-07 (4 a round)": "h100/openpi-phases/w4/pi0_libero_low_mem_finetune-48GiB.json",
+    "pi0 LoRA 48 GiB, H100, 2026-12-07 (8 a round)": "h100/openpi-phases/w8/pi0_libero_low_mem_finetune-48GiB.json",
 }
 
 
