@@ -456,6 +456,7 @@ def test_a_start_up_that_fits_only_a_preallocated_pool_is_started_so(tmp_path, r
     assert result["batch_size"] >= 1 and result["outcome"] in ("boundary", "max")
     assert "ran out of memory in a pool that grows" in result["message"]
     assert "allocate 7.98GiB" in result["message"] and "XLA_PYTHON_CLIENT_PREALLOCATE" in result["message"]
+    assert "starting it again with the pool preallocated" in " ".join(proc.stderr.split())  # said while waiting
 
 
 def test_sigterm_during_a_probe_takes_away_the_folder_its_start_up_made(tmp_path):

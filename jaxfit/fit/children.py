@@ -47,7 +47,7 @@ def start_child(
         child_fraction = fraction
         if options.device_memory_bytes:
             child_fraction = budget_mod.planned_fraction(fraction, options.device_memory_bytes, gpu_total)
-        child, info = _open_child(source, child_fraction, options, cache_path)
+        child, info = _open_child(source, child_fraction, options, cache_path, progress=progress)
         try:
             limit = int(info.bytes_limit or 0)
             if info.limit_sensitive:
@@ -58,13 +58,13 @@ def start_child(
         except BaseException as e:
             child.close(polite=isinstance(e, Exception))
             raise
-    child, info = _open_child(source, fraction, options, cache_path)
+    child, info = _open_child(source, fraction, options, cache_path, progress=progress)
     try:  # start() stops its own child on any error or interrupt; this stops it after
         if info.limit_sensitive and options.device_memory_bytes:
             total = round(int(info.bytes_limit or 0) / fraction)
             child_fraction = budget_mod.planned_fraction(fraction, options.device_memory_bytes, total)
             child.close()
-            child, info = _open_child(source, child_fraction, options, cache_path)
+            child, info = _open_child(source, child_fraction, options, cache_path, progress=progress)
             return child, info, options.device_memory_bytes, int(info.bytes_limit or 0), total
         if info.limit_sensitive:
             total = round(int(info.bytes_limit or 0) / fraction)
@@ -190,7 +190,7 @@ def _start_target_child(
         json.dump(entry, f)
     try:
         child, info = _open_child(
-            source, fraction, options, cache_path, extra={TARGET_ENV: f.name, "JAX_PLATFORMS": "cpu"}
+            source, fraction, options, cache_path, extra={TARGET_ENV: f.name, "JAX_PLATFORMS": "cpu"}, progress=progress
         )
     finally:
         os.unlink(f.name)
@@ -205,6 +205,7 @@ def _open_child(
     options: FitOptions,
     cache_path: str | None,
     extra: dict[str, str] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[CompileChild, DeviceInfo]:
     """A started compile child for ``source`` under ``fraction``: inside
     :func:`shared_compile_process`, the one already serving that fraction and mesh, switched to
@@ -231,6 +232,7 @@ def _open_child(
         # a script's probe, its own process, times there too (tune --script --measure inline)
         preallocate=pool is not None and _PREALLOCATE.get(),
         extra_env=extra,
+        on_note=lambda text: notify(progress, "note", text=text),
     )
     info = child.start()
     if pool is not None and pooled:

@@ -193,6 +193,7 @@ class CompileChild:
       python: The interpreter to run the child with.
       preallocate: Take the whole pool at start, as a training process does (a child that will
         run what it proves: :func:`jaxfit.fit.children.shared_compile_process`); else it grows.
+      on_note: Told, in a sentence, what the child does that the user waits for (a second start).
     """
 
     def __init__(
@@ -205,8 +206,10 @@ class CompileChild:
         python: str = sys.executable,
         preallocate: bool = False,
         extra_env: Mapping[str, str] | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         self.extra_env = dict(extra_env or {})
+        self.on_note = on_note
         self.source = source
         self.preallocate = preallocate
         self.probing = isinstance(source, ScriptSource)
@@ -253,6 +256,11 @@ class CompileChild:
             if not self.probing or self.preallocate or not _grown_pool_ran_out(self._log):
                 raise
             grown = _out_of_memory_line(self._log)
+        if self.on_note is not None:
+            self.on_note(
+                f"the script's start-up ran out of memory in a pool that grows ({grown[:120]}); starting it again "
+                "with the pool preallocated, as a training run takes it"
+            )
         self._reset_for_restart()
         self.preallocate = True
         self.restarted_preallocated = grown
