@@ -278,8 +278,8 @@ class CompileChild:
         self.info = None
         self.workload_info, self.manifest = {}, None
         self.jitted_names, self.called, self.called_kinds = [], {}, {}
-        self._replies = queue.Queue()
-        self._log.clear()
+        self._replies = queue.Queue()  # new ones: the last start's readers may still be writing to theirs
+        self._log = collections.deque(maxlen=60)
 
     def _start_once(self) -> DeviceInfo:
         if isinstance(self.source, ScriptSource):  # the answer's command must be one the script takes
@@ -319,8 +319,9 @@ class CompileChild:
                     os.close(fd)
         try:  # from here on the child (a probed script, its workers) is stopped on any way out
             self._requests = os.fdopen(request_w, "w", buffering=1)
-            threading.Thread(target=self._read_replies, args=(reply_r,), daemon=True).start()
-            threading.Thread(target=self._read_log, args=(log_r,), daemon=True).start()
+            # each start's readers fill that start's queue and log (a restart makes new ones)
+            threading.Thread(target=self._read_replies, args=(reply_r, self._replies, self._log), daemon=True).start()
+            threading.Thread(target=self._read_log, args=(log_r, self._log), daemon=True).start()
             ready = self._receive(self.start_timeout, self._start_doing(), polite=False)
             if ready.get("op") == "error":
                 self._refuse_platform_that_failed(ready)
@@ -434,19 +435,21 @@ class CompileChild:
                 self._requests = None
 
     # -- I/O ------------------------------------------------------------------------------
-    def _read_replies(self, fd: int) -> None:
+    @staticmethod
+    def _read_replies(fd: int, replies: queue.Queue[dict[str, Any] | None], log: collections.deque[str]) -> None:
         with os.fdopen(fd, "r") as f:
             for line in f:
                 try:
-                    self._replies.put(json.loads(line))
+                    replies.put(json.loads(line))
                 except json.JSONDecodeError:
-                    self._log.append(f"(bad reply) {line.rstrip()}")
-        self._replies.put(None)
+                    log.append(f"(bad reply) {line.rstrip()}")
+        replies.put(None)
 
-    def _read_log(self, fd: int) -> None:
+    @staticmethod
+    def _read_log(fd: int, log: collections.deque[str]) -> None:
         with os.fdopen(fd, "r", errors="replace") as f:
             for line in f:
-                self._log.append(line.rstrip())
+                log.append(line.rstrip())
 
     def log_tail(self, lines: int = 12) -> str:
         """The last lines the child printed (its stderr and stdout); when none of them says what went
