@@ -230,6 +230,7 @@ class CompileChild:
         self._next_id = 0
         self._recording: Any = None  # the record of what this probe creates (jaxfit.fit.leftovers)
         self.restarted_preallocated: str | None = None  # why the start-up was run again preallocated
+        self._log_reader: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> CompileChild:
@@ -321,7 +322,8 @@ class CompileChild:
             self._requests = os.fdopen(request_w, "w", buffering=1)
             # each start's readers fill that start's queue and log (a restart makes new ones)
             threading.Thread(target=self._read_replies, args=(reply_r, self._replies, self._log), daemon=True).start()
-            threading.Thread(target=self._read_log, args=(log_r, self._log), daemon=True).start()
+            self._log_reader = threading.Thread(target=self._read_log, args=(log_r, self._log), daemon=True)
+            self._log_reader.start()
             ready = self._receive(self.start_timeout, self._start_doing(), polite=False)
             if ready.get("op") == "error":
                 self._refuse_platform_that_failed(ready)
@@ -487,6 +489,8 @@ class CompileChild:
                 continue
             if reply is None:
                 code = self._proc.wait() if self._proc else None
+                if self._log_reader is not None:  # its last lines (the error) may still be in the pipe
+                    self._log_reader.join(timeout=5)
                 tail = self.log_tail()
                 who = "the script" if self.probing else "the compile child"
                 if self.probing and "RESOURCE_EXHAUSTED" in "\n".join(self._log):
