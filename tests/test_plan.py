@@ -8,9 +8,9 @@ import pytest
 from helpers import error_line
 
 from jaxfit.errors import ConfigError
-from jaxfit.fit.mesh import MeshSpec
+from jaxfit.fit.mesh import MeshSpec, meshes_for
 from jaxfit.fit.sources import example_source
-from jaxfit.plan.whatif import DEFAULT_CARDS, Card, meshes_for, parse_card, what_if
+from jaxfit.plan.whatif import DEFAULT_CARDS, Card, parse_card, what_if
 
 
 def test_cards_and_meshes():

@@ -80,8 +80,9 @@ def plan_command(
     parsed()
     from jaxfit.examples import parse_overrides
     from jaxfit.files import check_writable, write_json, write_text
+    from jaxfit.fit.mesh import meshes_for
     from jaxfit.fit.sources import Source, entry_source, example_source
-    from jaxfit.plan.whatif import DEFAULT_CARDS, meshes_for, parse_card, what_if
+    from jaxfit.plan.whatif import DEFAULT_CARDS, parse_card, what_if
 
     if sum(bool(x) for x in (example, entry, script)) > 1:
         raise JaxfitError("give one of --example, --entry or --script")

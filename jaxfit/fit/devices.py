@@ -12,6 +12,10 @@ import subprocess
 from jaxfit._probe.jaxfit_compile_server import EMULATE_GPU_ENV
 from jaxfit.fit.budget import set_fraction
 
+MAX_DEVICES = 1024
+"""The most devices a mesh may have: 128 hosts of 8 GPUs (``--devices 100000`` made a compile child
+that printed nothing for 2 minutes and grew past 6.4 GB)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class GPU:
@@ -96,7 +100,6 @@ def devices_environment(count: int, *, least_used: bool = False, flag: str = "--
       ConfigError: ``count`` below 1, or more GPUs than are visible (naming ``flag``).
     """
     from jaxfit.errors import ConfigError
-    from jaxfit.fit.mesh import MAX_DEVICES
 
     if count < 1:
         raise ConfigError(f"{flag} {count} must be at least 1")

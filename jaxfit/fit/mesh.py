@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from jaxfit.errors import ConfigError
+from jaxfit.fit.devices import MAX_DEVICES, detect_gpus
 
 if TYPE_CHECKING:
     import jax
@@ -33,11 +34,6 @@ DATA_AXES = (BATCH_AXIS, FSDP_AXIS)
 """The batch is split over both axes: every device gets its own rows."""
 MIN_SHARD_BYTES = 4 * 2**20
 """Arrays smaller than this stay replicated under FSDP (openpi: ``min_size_mbytes=4``)."""
-
-
-MAX_DEVICES = 1024
-"""The most devices a mesh may have: 128 hosts of 8 GPUs (``--devices 100000`` made a compile child
-that printed nothing for 2 minutes and grew past 6.4 GB)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,8 +279,6 @@ def prepare_devices(count: int, allow_mock: bool = True) -> Topology:
     import os
     import re
 
-    from jaxfit.fit.devices import detect_gpus
-
     if count <= 1:
         return "real"
     flags = os.environ.get("XLA_FLAGS", "")
@@ -309,3 +303,40 @@ def prepare_devices(count: int, allow_mock: bool = True) -> Topology:
     jax.config.update("jax_mock_gpu_topology", f"1x{count}x1")
     jax.config.update("jax_cuda_visible_devices", "0")
     return "mock"
+
+
+def meshes_for(device_counts: Sequence[int], fsdp_sizes: Sequence[int] | None) -> list[MeshSpec]:
+    """Every ``(devices, fsdp)`` to plan: for each device count, the given FSDP sizes that divide
+    it (default: 1 and the count itself).
+
+    Raises:
+      ConfigError: no count, a count or FSDP size below 1, an empty list of FSDP sizes, or FSDP
+        sizes none of which divide some count.
+    """
+    if not device_counts:
+        raise ConfigError("--devices names no device count; give at least one, e.g. --devices 1 2 4")
+    for devices in device_counts:
+        if devices < 1:
+            raise ConfigError(f"--devices {devices} must be at least 1")
+    if fsdp_sizes is not None:
+        if not fsdp_sizes:
+            raise ConfigError(
+                "--fsdp names no size; give at least one that divides a device count, e.g. --fsdp 1 "
+                f"{max(device_counts)}, or leave --fsdp out for 1 and each count"
+            )
+        for fsdp in fsdp_sizes:
+            if fsdp < 1:
+                raise ConfigError(f"--fsdp {fsdp} must be at least 1 (1: data parallel, no sharding)")
+    out: list[MeshSpec] = []
+    for devices in device_counts:
+        sizes = sorted({1, devices}) if fsdp_sizes is None else [f for f in fsdp_sizes if devices % f == 0]
+        if not sizes:
+            raise ConfigError(
+                f"no --fsdp size of {list(fsdp_sizes or [])} divides {devices} devices; add 1 or a divisor of "
+                f"{devices} ({', '.join(str(d) for d in divisors(devices))})"
+            )
+        for fsdp in sizes:
+            spec = MeshSpec(devices, fsdp).validate()
+            if spec not in out:
+                out.append(spec)
+    return out

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from jaxfit.errors import ConfigError
 from jaxfit.fit.command import batch_value, with_batch
 from jaxfit.fit.devices import devices_environment, forced_host_devices, gpus_here, host_devices_environment
-from jaxfit.fit.mesh import MeshSpec
+from jaxfit.fit.mesh import MeshSpec, meshes_for
 from jaxfit.fit.sources import ScriptSource
 
 DEFAULT_FSDP_FLAG = "--fsdp-devices"
@@ -95,7 +95,6 @@ def script_meshes(
     Raises:
       ConfigError: a bad FSDP flag, no count, or no size that divides any count.
     """
-    from jaxfit.plan.whatif import meshes_for
 
     if not fsdp_flag.startswith("-") or "=" in fsdp_flag or " " in fsdp_flag:
         raise ConfigError(f"--fsdp-flag {fsdp_flag!r} must be a flag name, e.g. --fsdp-flag=--fsdp-devices")

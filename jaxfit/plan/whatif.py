@@ -15,7 +15,7 @@ from jaxfit.fit.breakdown import Component, by_category
 from jaxfit.fit.children import shared_target_probe
 from jaxfit.fit.fraction import fit_fraction
 from jaxfit.fit.guides import shared_untuned_curves
-from jaxfit.fit.mesh import MeshSpec, divisors
+from jaxfit.fit.mesh import MeshSpec
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.results import FitResult
 from jaxfit.fit.sources import Source
@@ -173,43 +173,6 @@ def parse_card(text: str) -> Card:
         return Card(name.strip(), budget_mod.parse_size(size.strip()))
     except ConfigError as e:
         raise ConfigError(f"--card {text!r}: {e}") from None
-
-
-def meshes_for(device_counts: Sequence[int], fsdp_sizes: Sequence[int] | None) -> list[MeshSpec]:
-    """Every ``(devices, fsdp)`` to plan: for each device count, the given FSDP sizes that divide
-    it (default: 1 and the count itself).
-
-    Raises:
-      ConfigError: no count, a count or FSDP size below 1, an empty list of FSDP sizes, or FSDP
-        sizes none of which divide some count.
-    """
-    if not device_counts:
-        raise ConfigError("--devices names no device count; give at least one, e.g. --devices 1 2 4")
-    for devices in device_counts:
-        if devices < 1:
-            raise ConfigError(f"--devices {devices} must be at least 1")
-    if fsdp_sizes is not None:
-        if not fsdp_sizes:
-            raise ConfigError(
-                "--fsdp names no size; give at least one that divides a device count, e.g. --fsdp 1 "
-                f"{max(device_counts)}, or leave --fsdp out for 1 and each count"
-            )
-        for fsdp in fsdp_sizes:
-            if fsdp < 1:
-                raise ConfigError(f"--fsdp {fsdp} must be at least 1 (1: data parallel, no sharding)")
-    out: list[MeshSpec] = []
-    for devices in device_counts:
-        sizes = sorted({1, devices}) if fsdp_sizes is None else [f for f in fsdp_sizes if devices % f == 0]
-        if not sizes:
-            raise ConfigError(
-                f"no --fsdp size of {list(fsdp_sizes or [])} divides {devices} devices; add 1 or a divisor of "
-                f"{devices} ({', '.join(str(d) for d in divisors(devices))})"
-            )
-        for fsdp in sizes:
-            spec = MeshSpec(devices, fsdp).validate()
-            if spec not in out:
-                out.append(spec)
-    return out
 
 
 def _state_bytes(result: FitResult) -> int | None:
