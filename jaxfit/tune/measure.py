@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 from jaxfit._probe.jaxfit_measure import BUDGET_SPENT
 from jaxfit._probe.jaxfit_pin import REPORT_ENV
@@ -32,8 +32,20 @@ from jaxfit.tune.model import Row, Target, TuneOptions
 from jaxfit.tune.space import Setting
 from jaxfit.versions import jax_version, jaxfit_version
 
-if TYPE_CHECKING:
-    from jaxfit.tune.standby import Standby
+
+class WaitingProcess(Protocol):
+    """A measuring process already started and waiting for its orders
+    (:class:`jaxfit.tune.standby.Standby`, which is built on this module)."""
+
+    def measure(
+        self,
+        fit: FitResult,
+        tune: TuneOptions,
+        give_up: tuple[int, float] | None,
+        more: Sequence[str] = (),
+        deadline: float | None = None,
+    ) -> dict[str, Any] | None: ...
+
 
 # -- measuring ------------------------------------------------------------------------------------
 
@@ -64,7 +76,7 @@ def _measure(
     tune: TuneOptions,
     cache: JsonStore | None,
     give_up: tuple[int, float] | None = None,
-    standby: Standby | None = None,
+    standby: WaitingProcess | None = None,
 ) -> dict[str, Any]:
     """Run the candidate in a fresh process with its pinned program (``standby``'s, when it waits
     for this row); what the hook measured (``give_up``: :meth:`_Leader.give_up`, a candidate
@@ -98,7 +110,7 @@ def _measure_in_a_folder(
     global_batch: int,
     more: Sequence[str] = (),
     deadline: float | None = None,
-    standby: Standby | None = None,
+    standby: WaitingProcess | None = None,
 ) -> dict[str, Any]:
     """:func:`_measure_in` in a temporary folder of its own, removed after it (the log, the
     reports: read by then, kept by no one), or in ``standby`` when it is still alive (it started
@@ -124,7 +136,7 @@ def _measure_together(
     cache: JsonStore | None,
     give_up: tuple[int, float] | None = None,
     deadline: float | None = None,
-    standby: Standby | None = None,
+    standby: WaitingProcess | None = None,
 ) -> list[dict[str, Any]]:
     """Measure ``rows`` (one setting's proven programs, one global batch; ``fits``: their proofs)
     in one fresh process: the first row's command runs with its pin, and the hook loads and times
