@@ -403,13 +403,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
         )
         + (near_budget_note(final.peak_bytes, budget) if info.limit_sensitive and pin is None else "")
         + (f"; {pin_note}" if pin_note else "")
-        + (
-            f"; its start-up ran out of memory in a pool that grows ({child.restarted_preallocated}) and started "
-            "with the pool preallocated, as a training run takes it: keep XLA_PYTHON_CLIENT_PREALLOCATE unset "
-            "(or true) in the run"
-            if child.restarted_preallocated
-            else ""
-        )
+        + (f"; {child.restart_note}" if child.restart_note else "")
     )
     result = FitResult(
         mode="batch",

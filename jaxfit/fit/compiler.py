@@ -274,6 +274,18 @@ class CompileChild:
                 e.hint,
             ) from None
 
+    @property
+    def restart_note(self) -> str:
+        """For the answer's message: that the start-up only ran preallocated, so the run must keep
+        preallocation on ('' when it started the first time)."""
+        if not self.restarted_preallocated:
+            return ""
+        return (
+            f"its start-up ran out of memory in a pool that grows ({self.restarted_preallocated}) and started "
+            "with the pool preallocated, as a training run takes it: keep XLA_PYTHON_CLIENT_PREALLOCATE unset "
+            "(or true) in the run"
+        )
+
     def _reset_for_restart(self) -> None:
         """Forget what the last start of this child saw, to start it again."""
         self.info = None
