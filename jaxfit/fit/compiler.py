@@ -173,10 +173,9 @@ def _out_of_memory_line(log: Any) -> str:
     return lines[-1][:300] if lines else "RESOURCE_EXHAUSTED"
 
 
-def _grown_pool_ran_out(log: Any) -> bool:
-    """Whether a probe's start-up ran out of a GPU pool (XLA's BFC allocator: "Out of memory while
-    trying to allocate ... with allocator GPU_0_bfc")."""
-    line = _out_of_memory_line(log)
+def _grown_pool_ran_out(line: str) -> bool:
+    """Whether a probe's out-of-memory line (:func:`_out_of_memory_line`) is a GPU pool's (XLA's BFC
+    allocator: "Out of memory while trying to allocate ... with allocator GPU_0_bfc")."""
     return "_bfc" in line and "allocate" in line
 
 
@@ -254,9 +253,9 @@ class CompileChild:
         try:
             return self._start_once()
         except errors.DoesNotFitError:
-            if not self.probing or self.preallocate or not _grown_pool_ran_out(self._log):
-                raise
             grown = _out_of_memory_line(self._log)
+            if not self.probing or self.preallocate or not _grown_pool_ran_out(grown):
+                raise
         if self.on_note is not None:
             self.on_note(
                 f"the script's start-up ran out of memory in a pool that grows ({grown[:120]}); starting it again "
