@@ -497,3 +497,35 @@ def test_a_shared_working_folder_keeps_what_other_programs_made_during_a_probe(t
         subprocess.run([sys.executable, "-c", "import os; os.makedirs('probe-made')"], cwd=shared, env=env, check=True)
     assert (shared / "other-program").is_dir() and not (shared / "probe-made").exists()
     assert left.removed == ["probe-made"] and "shared folder" in left.note, left
+
+
+@pytest.mark.slow  # real subprocesses and compiles
+def test_a_fraction_too_small_for_the_start_up_is_one_that_does_not_fit(tmp_path, run_cli, monkeypatch):
+    """``fit --batch-size N`` of a script compiles the step under each fraction tried, each in a
+    process of its own that runs the script's start-up first. openpi's pi0 LoRA init takes 18.52 GiB
+    (H100, benchmarks/results/h100/init-24gib/), more than its step needs at a small batch: a fraction
+    whose pool the start-up does not fit is a fraction too small, not the end of the fit. Here (an
+    emulated 64 MiB GPU) the start-up runs out of memory below fraction 0.5."""
+    monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(64 << 20))
+    mini = str(FIXTURES / "mini_train.py")
+    code = (
+        "import os, runpy, sys\n"
+        "if float(os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION', '1')) < 0.5:\n"
+        "    import jax\n"
+        "    jax.jit(lambda k: k + 1)(1)\n"
+        "    print('jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 31.00MiB "
+        "with allocator GPU_0_bfc on device 0.', file=sys.stderr)\n"
+        "    sys.exit(1)\n"
+        f"sys.argv = [{mini!r}] + sys.argv[1:]\n"
+        f"runpy.run_path({mini!r}, run_name='__main__')\n"
+    )
+    out = tmp_path / "fit.json"
+    proc = run_cli("fit", "--script", "--batch-size", "8", "--json", str(out), "--", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["mode"] == "fraction" and result["mem_fraction"] == 0.5, result["message"]
+    assert result["peak_bytes"] < 0.1 * (64 << 20)  # the step alone would take far less
+    assert "start-up" in result["message"] and "allocate 31.00MiB" in result["message"], result["message"]
+    small = [c for c in result["candidates"] if c["mem_fraction"] is not None and c["mem_fraction"] < 0.5]
+    assert small and all(not c["fits"] and c["peak_bytes"] is None and "31.00MiB" in c["start_up_oom"] for c in small)
+    assert "start-up ran out of memory before its step" in " ".join(proc.stderr.split())  # said as it happens

@@ -50,7 +50,11 @@ def result_table(result: FitResult) -> Table:
             format_bytes(c.alias_bytes),
             format_bytes(c.peak_bytes),
         ]
-        row.append("[green]yes[/]" if c.fits else ("[red]OOM[/]" if c.oom else "[red]no[/]"))
+        row.append(
+            "[green]yes[/]"
+            if c.fits
+            else ("[red]start-up OOM[/]" if c.start_up_oom else "[red]OOM[/]" if c.oom else "[red]no[/]")
+        )
         note = " cache" if c.cached else (" tuned" if c.autotuned and result.device.get("limit_sensitive") else "")
         row.append(f"{c.compile_seconds:.1f}{note}")
         table.add_row(*row)
@@ -190,7 +194,12 @@ class ProgressPrinter:
         elif event == "compiled":
             o = data["outcome"]
             where = f" @ {data['fraction']:.2f}" if "fraction" in data else ""
-            if o.memory is None and o.oom:
+            if o.start_up_oom:
+                c.print(
+                    f"[dim]  batch {o.batch_size}{where}: the script's start-up ran out of memory before its step "
+                    f"({o.compile_seconds:.1f} s)[/]"
+                )
+            elif o.memory is None and o.oom:
                 c.print(
                     f"[dim]  batch {o.batch_size}{where}: out of memory while compiling ({o.compile_seconds:.1f} s)[/]"
                 )

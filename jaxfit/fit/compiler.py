@@ -60,7 +60,7 @@ class CompileOutcome:
       memory: The memory analysis (``None`` when the compile failed).
       compile_seconds: Wall time of lowering + compiling (near zero on a cache hit).
       lower_seconds: The part of it spent tracing and lowering the step (Python, one batch at a
-        time: a round's lowerings run one after another before its compiles run side by side).
+        time: a round's batches are traced one after another, each compiled as soon as it is traced).
       cached: Whether the answer came from the compile cache.
       oom: The compile itself ran out of memory (the step does not fit).
       error: The failure message when the compile failed for another reason.
@@ -68,6 +68,8 @@ class CompileOutcome:
       components: The step's arguments by name, the bytes one device holds of each and their
         unsharded bytes (``((name, bytes, whole_bytes), ...)``), for the memory breakdown
         (:mod:`jaxfit.fit.breakdown`).
+      start_up_oom: A script's start-up ran out of memory under this process's pool, before its
+        step (its out-of-memory line): nothing was compiled (``oom`` is set too).
     """
 
     batch_size: int
@@ -79,6 +81,7 @@ class CompileOutcome:
     autotuned: bool = True
     lower_seconds: float = 0.0
     components: tuple[tuple[str, int, int], ...] = ()
+    start_up_oom: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,11 +232,13 @@ class CompileChild:
         self._next_id = 0
         self._recording: Any = None  # the record of what this probe creates (jaxfit.fit.leftovers)
         self.restarted_preallocated: str | None = None  # why the start-up was run again preallocated
+        self.start_out_of_memory: str | None = None  # the start-up's out-of-memory line, when it did not start
         self._log_reader: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> CompileChild:
-        self.start()
+        if self._proc is None:  # (a child started already, to see whether it starts, is not started again)
+            self.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
@@ -255,6 +260,7 @@ class CompileChild:
         except errors.DoesNotFitError:
             grown = _out_of_memory_line(self._log)
             if not self.probing or self.preallocate or not _grown_pool_ran_out(grown):
+                self.start_out_of_memory = grown
                 raise
         if self.on_note is not None:
             self.on_note(
@@ -267,6 +273,7 @@ class CompileChild:
         try:
             return self._start_once()
         except errors.DoesNotFitError as e:
+            self.start_out_of_memory = _out_of_memory_line(self._log)
             raise errors.DoesNotFitError(
                 f"{e.what}; started again with the pool preallocated (as a training run takes it) after it "
                 f"ran out of a pool that grows ({grown}), it ran out again",

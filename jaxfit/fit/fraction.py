@@ -302,6 +302,7 @@ def fit_fraction(
             else ""
         )
         + (f"; {pin_note}" if pin_note else "")
+        + _startup_note(candidates, fraction)
     )
     result = FitResult(
         mode="fraction",
@@ -333,6 +334,19 @@ def fit_fraction(
     return result
 
 
+def _startup_note(candidates: list[Candidate], fraction: float) -> str:
+    """For the answer's message: the largest fraction below the answer that the script's start-up
+    did not fit ('' when none), which, more than the step, bounds the answer from below."""
+    below = [c for c in candidates if c.start_up_oom and c.mem_fraction is not None and c.mem_fraction < fraction]
+    if not below:
+        return ""
+    nearest = max(below, key=lambda c: c.mem_fraction or 0.0)
+    return (
+        f"; under fraction {nearest.mem_fraction:.2f} the script's start-up ran out of memory before its step "
+        f"({nearest.start_up_oom}): the start-up, not the step, sets this fraction"
+    )
+
+
 def _compile_under_fractions(
     source: Source,
     batch_size: int,
@@ -352,7 +366,25 @@ def _compile_under_fractions(
 
     def one(fraction: float) -> tuple[CompileOutcome, int, Pin | None, str | None]:
         child_fraction = fraction * total / gpu_total if gpu_total else fraction
-        with CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=start_timeout) as child:
+        started = time.perf_counter()
+        child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=start_timeout)
+        try:
+            child.start()
+        except DoesNotFitError:
+            if child.start_out_of_memory is None:
+                raise
+            # A script's start-up (its train state, its init) that does not fit this fraction's pool:
+            # the fraction is too small, whatever the step needs.
+            failed = CompileOutcome(
+                batch_size,
+                None,
+                time.perf_counter() - started,
+                oom=True,
+                error=f"the script's start-up ran out of memory ({child.start_out_of_memory})",
+                start_up_oom=child.start_out_of_memory,
+            )
+            return failed, int(fraction * total), None, None
+        with child:
             assert child.info is not None
             limit = int(child.info.bytes_limit) if child.info.bytes_limit else int(fraction * total)
             outcome = child.compile([batch_size], autotune=autotune)[batch_size]
@@ -369,6 +401,8 @@ def _compile_under_fractions(
                     mem_fraction=fraction,
                     root=root,
                 )
+                if child.restart_note:
+                    note = f"{note}; {child.restart_note}" if note else child.restart_note
             return outcome, limit, pin, note
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(fractions)) as pool:

@@ -41,6 +41,9 @@ class Candidate:
     ``fits`` is ``peak + next_input <= budget``."""
     lower_seconds: float = 0.0
     """The part of ``compile_seconds`` spent tracing and lowering the step."""
+    start_up_oom: str | None = None
+    """A script's start-up ran out of memory under this fraction, before its step (its line): the
+    fraction is too small whatever the step needs (``peak_bytes`` is ``None``)."""
 
     @classmethod
     def of(cls, outcome: CompileOutcome, budget_bytes: int, **extra: Any) -> Candidate:
@@ -61,6 +64,7 @@ class Candidate:
             autotuned=outcome.autotuned,
             oom=outcome.oom,
             flops=m.flops if m else None,
+            start_up_oom=outcome.start_up_oom,
             **extra,
         )
 
