@@ -4,7 +4,9 @@
 if [ ! -d "$SITE" ] || [ .whl -nt "$SITE" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || return 3
 fi
-export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
+# JAXFIT_SRC: a folder holding another jaxfit/ (a baseline: `git archive REV jaxfit | tar -x -C .before`),
+# used instead of the repository's own.
+export PYTHONPATH=$SITE:${JAXFIT_SRC:+$JAXFIT_SRC:}$REPO${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 OPENPI_DIR HOME=${OPENPI_HOME:-/tmp/openpi-home} JAXFIT_CACHE_DIR=${JAXFIT_CACHE_DIR:-/tmp/jaxfit-cache}
 mkdir -p "$HOME"
 
@@ -19,7 +21,8 @@ for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "jaxtyping", 
         print(f"  {name} {md.version(name)}")
     except md.PackageNotFoundError:
         print(f"  {name} MISSING")
-import jaxfit.cli  # noqa: F401  (jaxfit from the repository)
+import jaxfit.cli  # noqa: F401  (jaxfit from the repository, or $JAXFIT_SRC)
+print(f"  jaxfit from {jaxfit.cli.__file__}")
 EOF
 JAX_PLATFORMS=cpu timeout 240 python3 benchmarks/openpi/fake_configs.py "$CONFIG" || return 6
 
