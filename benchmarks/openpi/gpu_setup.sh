@@ -13,7 +13,7 @@ mkdir -p "$HOME"
 python3 benchmarks/openpi/patch_openpi.py .openpi "$OPENPI_DIR" || return 4
 
 echo "== preflight (CPU backend: nothing on the GPU)"
-JAX_PLATFORMS=cpu python3 - <<'EOF' || return 5
+JAX_PLATFORMS=cpu python3 -P - <<'EOF' || return 5  # -P: jaxfit from PYTHONPATH, not the working folder
 import importlib.metadata as md
 for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "jaxtyping", "numpy", "torch", "transformers",
              "protobuf", "tyro", "wandb", "beartype", "pydantic", "typing_extensions"):
