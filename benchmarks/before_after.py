@@ -1,6 +1,6 @@
 """The same cold `jaxfit fit` with jaxfit as it was at a git revision and as it is now, alternating.
 
-    python benchmarks/before_after.py REV [--runs N] [--out DIR] -- FIT ARGS...
+    python benchmarks/before_after.py REV [--runs N] [--out DIR] [--before-src DIR] -- FIT ARGS...
     e.g. python benchmarks/before_after.py 825d286 --runs 3 -- --example gpt-small --mem-fraction 0.3
 
 The revision's `jaxfit/` is exported (`git archive`) to a folder of its own and put first on
@@ -78,6 +78,11 @@ def main() -> int:
     parser.add_argument("rev", help="the git revision of the baseline")
     parser.add_argument("--runs", type=int, default=3, help="runs of each side (default 3)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/before-after"))
+    parser.add_argument(
+        "--before-src",
+        type=pathlib.Path,
+        help="a folder holding the baseline's jaxfit/ already (where there is no git: a GPU machine's copy)",
+    )
     argv = sys.argv[1:]
     if "--" not in argv:
         parser.error("give the arguments of `jaxfit fit` after --")
@@ -86,7 +91,8 @@ def main() -> int:
     ns.out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="jaxfit-before-") as before:
-        sources = {"before": export(ns.rev, pathlib.Path(before)), "after": REPO}
+        baseline = ns.before_src.resolve() if ns.before_src else export(ns.rev, pathlib.Path(before))
+        sources = {"before": baseline, "after": REPO}
         for i in range(ns.runs):
             for side in ("after", "before"):
                 rows.append(run(side, sources[side], args, ns.out, i))
