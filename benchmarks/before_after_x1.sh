@@ -10,5 +10,5 @@ OUT=${OUT:-/tmp/before-after-x1}
 EXAMPLE=${1:-gpt-small}
 FRACTION=${2:-0.3}
 RUNS=${3:-1}
-python3 benchmarks/before_after.py "${REV:?set REV, the baseline's revision}" --runs "$RUNS" --before-src .before \
+python3 benchmarks/before_after.py "${REV:?set REV to the baseline revision}" --runs "$RUNS" --before-src .before \
   --out "$OUT/before-after" -- --example "$EXAMPLE" --mem-fraction "$FRACTION" --width 8
