@@ -3,7 +3,7 @@
     python benchmarks/before_after.py REV [--runs N] [--out DIR] [--before-src DIR] -- FIT ARGS...
     e.g. python benchmarks/before_after.py 825d286 --runs 3 -- --example gpt-small --mem-fraction 0.3
 
-The revision's `jaxfit/` is exported (`git archive`) to a folder of its own and put first on
+The revision's `jaxfit/` and `configs/` are exported (`git archive`) to a folder of its own and put first on
 PYTHONPATH for the "before" runs; the "after" runs use this working tree. Runs alternate (after,
 before, after, ...: any warming of the machine favours the baseline first), each with an empty
 cache folder of its own (`JAXFIT_CACHE_DIR`: no answer and no compile reused). Each run's JSON
@@ -26,8 +26,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def export(rev: str, into: pathlib.Path) -> pathlib.Path:
-    """The revision's ``jaxfit/`` package under ``into``."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "jaxfit"], check=True, capture_output=True)
+    """The revision's ``jaxfit/`` package under ``into``, with the ``configs/`` its examples read."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "jaxfit", "configs"], check=True, capture_output=True
+    )
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On one GPU, in one device call: a cold `jaxfit fit --example EXAMPLE --mem-fraction FRACTION --width 8`
-# with this tree's jaxfit and with a baseline's (.before/jaxfit, carried: `git archive REV jaxfit | tar -x -C .before`),
+# with this tree's jaxfit and with a baseline's (.before/, carried: `git archive REV jaxfit configs | tar -x -C .before`),
 # one run each (this tree first), each with a cache folder of its own.
 #   OUT=$OUT REV=825d286 bash benchmarks/before_after_x1.sh [EXAMPLE] [FRACTION] [RUNS]   (gpt-small 0.3 1)
 # Writes $OUT/before-after/{after,before}-N.{json,log}, rows.jsonl and prints the table.

@@ -4,7 +4,7 @@
 if [ ! -d "$SITE" ] || [ .whl -nt "$SITE" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || return 3
 fi
-# JAXFIT_SRC: a folder holding another jaxfit/ (a baseline: `git archive REV jaxfit | tar -x -C .before`),
+# JAXFIT_SRC: a folder holding another jaxfit/ (a baseline: `git archive REV jaxfit configs | tar -x -C .before`),
 # used instead of the repository's own.
 export PYTHONPATH=$SITE:${JAXFIT_SRC:+$JAXFIT_SRC:}$REPO${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 OPENPI_DIR HOME=${OPENPI_HOME:-/tmp/openpi-home} JAXFIT_CACHE_DIR=${JAXFIT_CACHE_DIR:-/tmp/jaxfit-cache}
