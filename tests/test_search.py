@@ -382,3 +382,19 @@ def test_the_aimed_fraction_search_still_finds_the_smallest_fraction_of_a_smooth
         answer, _ = _replay_fraction(peak, estimate=10)
         fits = [u for u in range(1, 101) if peak(u) <= 79.18 * u / 100]
         assert answer == min(fits)
+
+
+def test_a_rounds_fraction_children_run_as_many_at_once_as_the_gpu_holds() -> None:
+    """A fraction fit starts a script once per fraction tried. Three openpi LoRA start-ups (18.5 GiB
+    each) fit an 80 GiB H100 together, not a 24 GiB card; three pools preallocated at 0.4, 0.5 and
+    0.6 of a GPU do not fit it together either."""
+    from jaxfit.fit.fraction import side_by_side
+
+    gib = 1 << 30
+    assert side_by_side([int(18.5 * gib)] * 3, 80 * gib) == 3
+    assert side_by_side([int(18.5 * gib)] * 3, 24 * gib) == 1
+    assert side_by_side([int(0.4 * 80 * gib), int(0.5 * 80 * gib), int(0.6 * 80 * gib)], 80 * gib) == 1
+    assert side_by_side([int(0.3 * 80 * gib), int(0.3 * 80 * gib), int(0.6 * 80 * gib)], 80 * gib) == 2
+    assert side_by_side([0, 0, 0], 80 * gib) == 3  # nothing known of the start-up: as before
+    assert side_by_side([5 * gib] * 3, None) == 3  # a CPU: no GPU to share
+    assert side_by_side([100 * gib], 80 * gib) == 1  # one always runs

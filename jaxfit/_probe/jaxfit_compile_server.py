@@ -431,6 +431,8 @@ def device_info() -> Dict[str, Any]:
         fraction = float(os.environ.get("JAXFIT_EMULATE_GPU_POOL") or spelled or 0.75)
         bytes_limit, limit_sensitive = int(int(emulated) * fraction), True
     return {
+        # the most the process held on the device so far: when a probe's server starts, its start-up's peak
+        "start_peak_bytes": int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None,
         "platform": platform,
         "device_kind": getattr(device, "device_kind", platform),
         "device_count": jax.device_count(),

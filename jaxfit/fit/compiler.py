@@ -45,6 +45,9 @@ class DeviceInfo:
     host_memory_bytes: int
     jax_version: str
     topology: str = "real"
+    start_peak_bytes: int | None = None
+    """The most device memory the child had in use when it was ready (a script's probe: its
+    start-up's peak, in a pool that grows); ``None`` where the device does not say."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DeviceInfo:

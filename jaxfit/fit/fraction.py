@@ -9,6 +9,7 @@ compile answers.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -148,6 +149,10 @@ def fit_fraction(
         info = child.info
         assert info is not None
         gpu_total = int(info.bytes_limit) if info.limit_sensitive and info.bytes_limit else None
+        # A script's start-up that only ran preallocated is started so under every fraction (not
+        # twice each); its peak or its pools bound how many such start-ups the GPU holds at once.
+        start_up = StartUp(info.start_peak_bytes, preallocated=child.restarted_preallocated is not None)
+        start_up_note = child.restart_note
         total = options.device_memory_bytes or gpu_total or info.host_memory_bytes
         # A card a little larger than this GPU (80 GiB on an H100's 79.18): only the fractions of it
         # this GPU can give are searched.
@@ -241,6 +246,7 @@ def fit_fraction(
                 key=key,
                 headroom=options.headroom_bytes,
                 root=pins_root(options.use_cache),
+                start_up=start_up,
             )
             for u, (outcome, limit, pinned, note) in zip(units_list, answers):
                 if outcome.memory is None and not outcome.oom:
@@ -302,6 +308,7 @@ def fit_fraction(
             else ""
         )
         + (f"; {pin_note}" if pin_note else "")
+        + (f"; {start_up_note}" if start_up_note else "")
         + _startup_note(candidates, fraction)
     )
     result = FitResult(
@@ -347,6 +354,38 @@ def _startup_note(candidates: list[Candidate], fraction: float) -> str:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class StartUp:
+    """What the first child of a fraction fit learnt of the workload's start-up.
+
+    Attributes:
+      peak_bytes: The device memory it held at most when ready (a script's start-up peak), or None.
+      preallocated: Its start-up ran out of a pool that grows and ran preallocated.
+    """
+
+    peak_bytes: int | None = None
+    preallocated: bool = False
+
+
+GPU_SHARE = 0.95
+"""The share of the GPU the children of one round may hold together (their start-ups, or their
+preallocated pools): past it they are started fewer at a time."""
+
+
+def side_by_side(footprints: list[int], gpu_total: int | None) -> int:
+    """How many children of a round run at once: all, unless their footprints (each child's start-up
+    peak, or its pool when preallocated) together pass :data:`GPU_SHARE` of the GPU; then as many
+    of the largest as fit, at least one."""
+    if not gpu_total or not footprints:
+        return max(1, len(footprints))
+    held, count = 0, 0
+    for size in sorted(footprints, reverse=True):
+        if count and held + size > GPU_SHARE * gpu_total:
+            break
+        held, count = held + size, count + 1
+    return count
+
+
 def _compile_under_fractions(
     source: Source,
     batch_size: int,
@@ -360,14 +399,25 @@ def _compile_under_fractions(
     key: str | None,
     headroom: int,
     root: Path,
+    start_up: StartUp = StartUp(),
 ) -> list[tuple[CompileOutcome, int, Pin | None, str | None]]:
-    """Compile ``batch_size`` once under each fraction of ``total``, one child each, concurrently; each
-    child also writes its program as a pin (the one of the answer is kept, the others discarded)."""
+    """Compile ``batch_size`` once under each fraction of ``total``, one child each, concurrently (as
+    many at once as the GPU holds their start-ups: :func:`side_by_side`); each child also writes its
+    program as a pin (the one of the answer is kept, the others discarded)."""
+
+    def child_fraction_of(fraction: float) -> float:
+        return fraction * total / gpu_total if gpu_total else fraction
 
     def one(fraction: float) -> tuple[CompileOutcome, int, Pin | None, str | None]:
-        child_fraction = fraction * total / gpu_total if gpu_total else fraction
+        child_fraction = child_fraction_of(fraction)
         started = time.perf_counter()
-        child = CompileChild(source, child_fraction, cache_path=cache_path, start_timeout=start_timeout)
+        child = CompileChild(
+            source,
+            child_fraction,
+            cache_path=cache_path,
+            start_timeout=start_timeout,
+            preallocate=start_up.preallocated,
+        )
         try:
             child.start()
         except DoesNotFitError:
@@ -405,5 +455,9 @@ def _compile_under_fractions(
                     note = f"{note}; {child.restart_note}" if note else child.restart_note
             return outcome, limit, pin, note
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(fractions)) as pool:
+    footprints = [
+        int(child_fraction_of(f) * gpu_total) if start_up.preallocated and gpu_total else start_up.peak_bytes or 0
+        for f in fractions
+    ]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=side_by_side(footprints, gpu_total)) as pool:
         return list(pool.map(one, fractions))
