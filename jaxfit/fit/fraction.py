@@ -149,9 +149,6 @@ def fit_fraction(
         info = child.info
         assert info is not None
         gpu_total = int(info.bytes_limit) if info.limit_sensitive and info.bytes_limit else None
-        # A script's start-up that only ran preallocated is started so under every fraction (not
-        # twice each); its peak or its pools bound how many such start-ups the GPU holds at once.
-        start_up = StartUp(info.start_peak_bytes, preallocated=child.restarted_preallocated is not None)
         start_up_note = child.restart_note
         total = options.device_memory_bytes or gpu_total or info.host_memory_bytes
         # A card a little larger than this GPU (80 GiB on an H100's 79.18): only the fractions of it
@@ -174,6 +171,14 @@ def fit_fraction(
         if full.memory is None and not full.oom:
             raise_compile_error(full)
         overhead = child.process_overhead() if info.limit_sensitive else NO_OVERHEAD
+        # A script's start-up that only ran preallocated is started so under every fraction (not
+        # twice each); its peak or its pools, and what a process holds outside its pool, bound how
+        # many such processes the GPU holds at once.
+        start_up = StartUp(
+            info.start_peak_bytes,
+            preallocated=child.restarted_preallocated is not None,
+            outside_bytes=overhead.bytes or 0,
+        )
         workload_info = child.workload_info
         note_found_step(progress, workload_info)
         if not info.limit_sensitive and full.memory is not None:
@@ -361,10 +366,12 @@ class StartUp:
     Attributes:
       peak_bytes: The device memory it held at most when ready (a script's start-up peak), or None.
       preallocated: Its start-up ran out of a pool that grows and ran preallocated.
+      outside_bytes: What a process holds on the GPU outside its pool (CUDA context, libraries).
     """
 
     peak_bytes: int | None = None
     preallocated: bool = False
+    outside_bytes: int = 0
 
 
 GPU_SHARE = 0.95
@@ -456,7 +463,8 @@ def _compile_under_fractions(
             return outcome, limit, pin, note
 
     footprints = [
-        int(child_fraction_of(f) * gpu_total) if start_up.preallocated and gpu_total else start_up.peak_bytes or 0
+        (int(child_fraction_of(f) * gpu_total) if start_up.preallocated and gpu_total else start_up.peak_bytes or 0)
+        + start_up.outside_bytes
         for f in fractions
     ]
     with concurrent.futures.ThreadPoolExecutor(max_workers=side_by_side(footprints, gpu_total)) as pool:
