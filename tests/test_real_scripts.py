@@ -36,6 +36,32 @@ def _fit(run_cli, tmp_path: Path, *flags: str, args: tuple[str, ...] = ()) -> di
     return json.loads((tmp_path / "fit.json").read_text())
 
 
+def _start_up_stand_in(runs_out_when: str, allocation: str = "7.98GiB", record: Path | None = None) -> str:
+    """A script (for ``python -c``) that stands in for a GPU allocator: when ``runs_out_when`` (a
+    Python expression) holds, its start-up prints XLA's BFC out-of-memory line for ``allocation``
+    and exits, as openpi's init did on an H100 under a 24 GiB card's limit; else it runs
+    ``mini_train.py`` with its arguments. ``record``: each start appends its
+    ``XLA_PYTHON_CLIENT_PREALLOCATE`` there."""
+    mini = str(FIXTURES / "mini_train.py")
+    noted = (
+        f"open({str(record)!r}, 'a').write(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', 'unset') + chr(10))\n"
+        if record
+        else ""
+    )
+    return (
+        "import os, runpy, sys\n"
+        f"{noted}"
+        f"if {runs_out_when}:\n"
+        "    import jax\n"
+        "    jax.jit(lambda k: k + 1)(1)\n"
+        f"    print('jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate {allocation} "
+        "with allocator GPU_0_bfc on device 0.', file=sys.stderr)\n"
+        "    sys.exit(1)\n"
+        f"sys.argv = [{mini!r}] + sys.argv[1:]\n"
+        f"runpy.run_path({mini!r}, run_name='__main__')\n"
+    )
+
+
 @pytest.mark.parametrize("start", ["spawn", "fork"])
 def test_data_loader_workers_leave_the_probe_alone(tmp_path, run_cli, start):
     """Workers inherit the start-up hook (PYTHONPATH) but not its descriptors: they must stay inert."""
@@ -437,18 +463,7 @@ def test_a_start_up_that_fits_only_a_preallocated_pool_is_started_so(tmp_path, r
     preallocated one, as training runs it (benchmarks/results/h100/init-24gib/). The script here
     stands in for that allocator: it runs out of memory only with preallocation off. The fit starts
     it again preallocated and answers, and says the run must preallocate."""
-    mini = str(FIXTURES / "mini_train.py")
-    code = (
-        "import os, runpy, sys\n"
-        "if os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE') == 'false':\n"
-        "    import jax\n"
-        "    jax.jit(lambda k: k + 1)(1)\n"
-        "    print('jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.98GiB "
-        "with allocator GPU_0_bfc on device 0.', file=sys.stderr)\n"
-        "    sys.exit(1)\n"
-        f"sys.argv = [{mini!r}] + sys.argv[1:]\n"
-        f"runpy.run_path({mini!r}, run_name='__main__')\n"
-    )
+    code = _start_up_stand_in("os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE') == 'false'")
     out = tmp_path / "fit.json"
     proc = run_cli("fit", "--script", *SMALL, "--json", str(out), "--", sys.executable, "-c", code, "--batch-size=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -507,18 +522,7 @@ def test_a_fraction_too_small_for_the_start_up_is_one_that_does_not_fit(tmp_path
     whose pool the start-up does not fit is a fraction too small, not the end of the fit. Here (an
     emulated 64 MiB GPU) the start-up runs out of memory below fraction 0.5."""
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(64 << 20))
-    mini = str(FIXTURES / "mini_train.py")
-    code = (
-        "import os, runpy, sys\n"
-        "if float(os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION', '1')) < 0.5:\n"
-        "    import jax\n"
-        "    jax.jit(lambda k: k + 1)(1)\n"
-        "    print('jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 31.00MiB "
-        "with allocator GPU_0_bfc on device 0.', file=sys.stderr)\n"
-        "    sys.exit(1)\n"
-        f"sys.argv = [{mini!r}] + sys.argv[1:]\n"
-        f"runpy.run_path({mini!r}, run_name='__main__')\n"
-    )
+    code = _start_up_stand_in("float(os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION', '1')) < 0.5", "31.00MiB")
     out = tmp_path / "fit.json"
     proc = run_cli("fit", "--script", "--batch-size", "8", "--json", str(out), "--", sys.executable, "-c", code)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -541,20 +545,8 @@ def test_a_fraction_fit_starts_a_start_up_that_needs_preallocation_so_once_for_e
     time when their pools would not fit the GPU together; the answer says the run must preallocate.
     The script stands in for the allocator: it runs out only with preallocation off."""
     monkeypatch.setenv("JAXFIT_EMULATE_GPU_TOTAL", str(64 << 20))
-    mini = str(FIXTURES / "mini_train.py")
     starts = tmp_path / "starts.txt"
-    code = (
-        "import os, runpy, sys\n"
-        f"open({str(starts)!r}, 'a').write(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', 'unset') + chr(10))\n"
-        "if os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE') == 'false':\n"
-        "    import jax\n"
-        "    jax.jit(lambda k: k + 1)(1)\n"
-        "    print('jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.98GiB "
-        "with allocator GPU_0_bfc on device 0.', file=sys.stderr)\n"
-        "    sys.exit(1)\n"
-        f"sys.argv = [{mini!r}] + sys.argv[1:]\n"
-        f"runpy.run_path({mini!r}, run_name='__main__')\n"
-    )
+    code = _start_up_stand_in("os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE') == 'false'", record=starts)
     out = tmp_path / "fit.json"
     proc = run_cli(
         "fit", "--script", "--batch-size", "8", "--no-cache", "--json", str(out), "--", sys.executable, "-c", code,
