@@ -17,7 +17,7 @@ import pathlib
 
 import numpy as np
 
-from jaxfit.fit.search import Grid, prove, search
+from jaxfit.fit.search import Grid, left_open, prove, search
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 CASES = {
@@ -72,7 +72,7 @@ def replay(path: str, width: int) -> dict:
         return evaluate
 
     grid = Grid(1, 65536)
-    found = search(oracle(untuned, "untuned"), grid, width=width, leave_open=1)
+    found = search(oracle(untuned, "untuned"), grid, width=width, leave_open=left_open(width, 2))
     proved = prove(oracle(tuned, "autotuned"), grid, found, budget, width=2)
     return {
         "answer": proved.answer,

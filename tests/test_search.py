@@ -14,6 +14,7 @@ from jaxfit.fit.search import (
     Grid,
     affine_slope,
     doubling_bisection,
+    left_open,
     next_round,
     prove,
     search,
@@ -190,7 +191,7 @@ def _two_phase(untuned, tuned, budget, grid, width=4, proof_width=2):
 
         return evaluate
 
-    cheap = search(oracle("untuned", untuned, width), grid, width=width, leave_open=proof_width - 1)
+    cheap = search(oracle("untuned", untuned, width), grid, width=width, leave_open=left_open(width, proof_width))
     proved = prove(oracle("tuned", tuned, proof_width), grid, cheap, budget, width=proof_width)
     return cheap, proved, rounds
 
@@ -247,6 +248,22 @@ def test_a_cheap_search_left_open_stops_with_one_point_in_question():
     assert result.outcome == "open" and result.rounds == full.rounds - 1
     b = Bracket.of(result.known)
     assert len(Grid(1, 65536).between(b.lo, b.hi)) == 1 and result.answer == b.lo
+
+
+def test_a_wide_round_leaves_a_few_points_open_and_the_proof_starts_where_the_curve_crosses():
+    """Eight a round leave three points in question (a last cheap round would compile only those);
+    the proof's first pair is where the cheap curve crosses the budget, not the largest point in
+    question, so a right prediction is proved in one expensive round."""
+    grid = Grid(1, 65536)
+    f = lambda b: 1e9 + 3e9 * math.sqrt(b)  # noqa: E731  (flattening, as XLA squeezes toward the limit)
+    budget = f(75) + 0.4 * (f(76) - f(75))
+    assert left_open(8, 2) == 3 and left_open(4, 2) == 2 and left_open(2, 2) == 1
+    cheap, proved, rounds = _two_phase(f, f, budget, grid, width=8)
+    b = Bracket.of(cheap.known)
+    assert cheap.outcome == "open" and 1 < len(grid.between(b.lo, b.hi)) <= 3
+    assert b.hi - 1 != 75  # the largest point in question is not the answer: the old start missed it
+    assert [points for kind, points in rounds if kind == "tuned"] == [[75, 76]]
+    assert proved.answer == 75
 
 
 def test_tuned_proof_when_the_tuned_compile_itself_runs_out_of_memory():

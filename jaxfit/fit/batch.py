@@ -37,7 +37,7 @@ from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome, Devic
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
 from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
-from jaxfit.fit.search import Grid, SearchResult, prove, search
+from jaxfit.fit.search import Grid, SearchResult, left_open, prove, search
 from jaxfit.fit.sources import Source
 
 
@@ -335,7 +335,7 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                 grid,
                 width=width,
                 known=lent,
-                leave_open=TUNED_WIDTH - 1 if tuned else 0,
+                leave_open=left_open(width, TUNED_WIDTH) if tuned else 0,
             )
             if guide is not None:
                 guides.record(
