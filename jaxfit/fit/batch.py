@@ -37,7 +37,7 @@ from jaxfit.fit.compiler import NO_OVERHEAD, CompileChild, CompileOutcome, Devic
 from jaxfit.fit.options import FitOptions
 from jaxfit.fit.pin import pin_answer, pins_root
 from jaxfit.fit.results import Candidate, FitResult, Outcome, fitting_above, near_budget_note
-from jaxfit.fit.search import Grid, SearchResult, left_open, prove, search
+from jaxfit.fit.search import Bracket, Grid, SearchResult, left_open, prove, search
 from jaxfit.fit.sources import Source
 
 
@@ -344,6 +344,14 @@ def fit_batch(source: Source, options: FitOptions = FitOptions(), progress: Prog
                     {o.batch_size: o.memory.need_bytes for o in rounds.history if o.memory and not o.autotuned},
                 )
         if tuned and not narrow and listed is None:
+            if found.outcome == "open":
+                b = Bracket.of(found.known)
+                notify(
+                    progress,
+                    "note",
+                    text=f"untuned: batch {b.lo} fits and {b.hi} does not; the autotuned proof starts where "
+                    "the untuned curve crosses the budget between them",
+                )
             found = prove(rounds.evaluator(True, TUNED_WIDTH), grid, found, budget, width=TUNED_WIDTH)
         if found.answer is None:
             raise _does_not_fit(rounds, grid, options, fraction, total)
