@@ -4,7 +4,7 @@ Each case is a fit recorded on a GPU (its JSON under benchmarks/results/): its u
 peaks at the batches it compiled. Between recorded batches a peak is interpolated linearly, beyond
 them extended along the last two; that is a model of the curve, not a measurement, so this
 compares search strategies by rounds and compiles only. The real cost of a round is measured on a
-GPU (benchmarks/openpi/gpu_fast_fit.sh).
+GPU (benchmarks/openpi/fit_phases.sh).
 
     python benchmarks/search_replay.py            # the search as it is, at widths 4 and 8
 """
