@@ -14,8 +14,9 @@ seeds the search; the answer always comes from compiles on both sides of the bou
 
 On a GPU there are two oracles: untuned compiles (cheap, and they overlap) and autotuned ones (the
 program that will run; autotuning does not overlap). :func:`search` runs on the cheap one, told to
-stop with a few points left in question (``leave_open``, :func:`left_open`), and :func:`prove` settles the boundary on
-the expensive one, two points per round, starting from the cheap answer.
+stop with a few points left in question (``leave_open``, :func:`left_open`), and :func:`prove`
+settles the boundary on the expensive one, two points per round, starting where the cheap curve
+crosses the budget.
 """
 
 from __future__ import annotations
