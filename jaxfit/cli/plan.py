@@ -74,7 +74,7 @@ def plan_command(
         json: Also write the table as JSON to this file.
         markdown: Also write a hardware-requirements page (Markdown) to this file: per card, whether it fits, the largest batch, the breakdown, what to change to fit, and how it was made.
         quiet: No progress lines.
-        gpus: A GPU model to plan for without it (jaxfit gpus list), repeatable: its cells are compiled deviceless, on this machine's CPU, and are estimates (untuned; the safe batch, and how far XLA's rematerialisation might go beyond it). With --gpu or --gpu-spec the nominal cards are left out unless --card names some. With --script, each such cell is `jaxfit fit --script --gpu MODEL`'s answer: the script runs on the CPU up to its first step, once for each of the two searches. Needs jax's CUDA plugin (pip install "jaxfit[targets]"; with --script, in the script's environment too).
+        gpus: A GPU model to plan for without it (jaxfit gpus list), repeatable: its cells are compiled deviceless, on this machine's CPU, and are estimates (untuned; the safe batch, and how far XLA's rematerialisation might go beyond it). With --gpu or --gpu-spec the nominal cards are left out unless --card names some. With --script, each such cell is `jaxfit fit --script --gpu MODEL`'s answer: the script runs on the CPU up to its first step once per device count, and its probe compiles for each model and memory size in turn. Needs jax's CUDA plugin (pip install "jaxfit[targets]"; with --script, in the script's environment too).
         gpu_specs: A card's target config file to plan for, as --gpu (jaxfit gpus capture writes one on the card); repeatable.
     """
     parsed()
