@@ -462,9 +462,8 @@ def _compile_under_fractions(
                     note = f"{note}; {child.restart_note}" if note else child.restart_note
             return outcome, limit, pin, note
 
-    footprints = [
-        (int(child_fraction_of(f) * gpu_total) if start_up.preallocated and gpu_total else start_up.peak_bytes or 0)
-        + start_up.outside_bytes
+    footprints = [  # a preallocated child's pool is the fraction of the card; else its start-up's peak
+        (int(f * total) if start_up.preallocated and gpu_total else start_up.peak_bytes or 0) + start_up.outside_bytes
         for f in fractions
     ]
     with concurrent.futures.ThreadPoolExecutor(max_workers=side_by_side(footprints, gpu_total)) as pool:
