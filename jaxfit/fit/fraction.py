@@ -412,11 +412,8 @@ def _compile_under_fractions(
     many at once as the GPU holds their start-ups: :func:`side_by_side`); each child also writes its
     program as a pin (the one of the answer is kept, the others discarded)."""
 
-    def child_fraction_of(fraction: float) -> float:
-        return fraction * total / gpu_total if gpu_total else fraction
-
     def one(fraction: float) -> tuple[CompileOutcome, int, Pin | None, str | None]:
-        child_fraction = child_fraction_of(fraction)
+        child_fraction = fraction * total / gpu_total if gpu_total else fraction
         started = time.perf_counter()
         child = CompileChild(
             source,
