@@ -241,13 +241,25 @@ def test_a_cheap_search_left_open_stops_with_one_point_in_question():
 
     def evaluate(points):
         calls.append(points)
-        return {p: squeezed(p) - 17180 * MiB for p in points}
+        return {p: squeezed(p) - 18000 * MiB for p in points}
 
     result = search(evaluate, Grid(1, 65536), width=4, leave_open=1)
-    full = search(lambda ps: {p: squeezed(p) - 17180 * MiB for p in ps}, Grid(1, 65536), width=4)
+    full = search(lambda ps: {p: squeezed(p) - 18000 * MiB for p in ps}, Grid(1, 65536), width=4)
     assert result.outcome == "open" and result.rounds == full.rounds - 1
     b = Bracket.of(result.known)
     assert len(Grid(1, 65536).between(b.lo, b.hi)) == 1 and result.answer == b.lo
+
+
+def test_a_prediction_on_the_largest_fit_starts_the_round_just_above_it():
+    """pi0.5 on an H100 (2026-12-07): autotuned 39 fits by 0.16 GiB, 45 fails by 1.61 GiB, and the
+    chord puts the boundary between 39 and 40. The round is 40 and 41, which settles it if either
+    fails; it used to be 40 and a split point (43), and 41 took another round of two autotuned
+    compiles (about 80 s for openpi)."""
+    known = {38: -0.49 * GiB, 39: -0.16 * GiB, 45: 1.61 * GiB, 46: 1.86 * GiB}
+    assert next_round(Grid(1, 65536), known, 2) == [40, 41]
+    # A whole search gains the round too: the plateau's chord predicts its own largest fit (8).
+    full = search(lambda ps: {p: squeezed(p) - 17180 * MiB for p in ps}, Grid(1, 65536), width=4)
+    assert (full.answer, full.rounds) == (13, 3)
 
 
 def test_a_wide_round_leaves_a_few_points_open_and_the_proof_starts_where_the_curve_crosses():

@@ -249,6 +249,10 @@ def next_round(grid: Grid, known: Mapping[int, float], width: int) -> list[int]:
             chosen.append(x)
 
     if guess is not None:
+        if guess in known:
+            # Predicted between the largest fit and the next point up: the round starts there, so
+            # that an exact prediction (either of the next two failing) still settles in it.
+            guess += grid.step
         take(guess)
         if trusted:
             take(guess + grid.step)  # the neighbour: an exact prediction settles in this round
