@@ -1,9 +1,10 @@
 """Replay recorded openpi fits through the search: rounds and compiles, no GPU.
 
-Each case is a fit recorded on a GPU (its JSON under benchmarks/results/): its untuned and autotuned
-peaks at the batches it compiled. Between recorded batches a peak is interpolated linearly, beyond
-them extended along the last two; that is a model of the curve, not a measurement, so this
-compares search strategies by rounds and compiles only. The real cost of a round is measured on a
+Each case is a fit recorded on a GPU (its JSON under benchmarks/results/, or its log for a fit cut
+off before it wrote one): its untuned and autotuned peaks at the batches it compiled. Between
+recorded batches a peak is interpolated linearly, beyond them extended along the last two; that is
+a model of the curve, not a measurement, so this compares search strategies by rounds and compiles
+only. The real cost of a round is measured on a
 GPU (benchmarks/openpi/fit_phases.sh).
 
     python benchmarks/search_replay.py            # the search as it is, at widths 4 and 8
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 
 import numpy as np
 
@@ -29,6 +31,8 @@ CASES = {
     "pi0-FAST LoRA 32 GiB, H200": "h200x4/openpi/call4/pi0_fast_libero_low_mem_finetune-32GiB.json",
     "pi0 LoRA 48 GiB, H100, 2026-12-07 (4 a round)": "h100/openpi-phases/w4/pi0_libero_low_mem_finetune-48GiB.json",
     "pi0 LoRA 48 GiB, H100, 2026-12-07 (8 a round)": "h100/openpi-phases/w8/pi0_libero_low_mem_finetune-48GiB.json",
+    # cut off before its last autotuned round (41, 42): no JSON, read from its log
+    "pi05_libero 80 GiB, H100, 2026-12-07": "h100/pi05-proof/call1/pi05_libero-80GiB.log",
 }
 
 
@@ -49,7 +53,26 @@ def curve(points: dict[int, float]):
     return peak
 
 
+def load_log(path: str):
+    """A fit's progress log (for a fit cut off before its JSON): the peaks it printed, 0.01 GiB
+    apart at most, its budget, and ``None`` for the answer it did not reach."""
+    untuned: dict[int, float] = {}
+    tuned: dict[int, float] = {}
+    budget, kind = None, untuned
+    for line in (RESULTS / path).read_text().splitlines():
+        if m := re.search(r"; budget ([\d.]+) GiB$", line):
+            budget = float(m.group(1)) * 2**30
+        elif line.startswith("round "):
+            kind = tuned if "(autotuned)" in line else untuned
+        elif m := re.match(r"\s+batch (\d+): peak ([\d.]+) GiB \+ ([\d.]+) MiB", line):
+            kind[int(m.group(1))] = float(m.group(2)) * 2**30 + float(m.group(3)) * 2**20
+    assert budget is not None, f"{path}: no budget line"
+    return budget, curve(untuned), curve(tuned), None
+
+
 def load(path: str):
+    if path.endswith(".log"):
+        return load_log(path)
     fit = json.loads((RESULTS / path).read_text())
     fit = fit.get("fit", fit)
     untuned, tuned = {}, {}
@@ -100,7 +123,7 @@ def main() -> None:
             totals[w][1] += r["autotuned_rounds"]
             totals[w][2] += r["autotuned_compiles"]
             print(
-                f"| {name} | {w} | {r['answer']} ({r['recorded_answer']}) | {r['untuned_rounds']} / "
+                f"| {name} | {w} | {r['answer']} ({r['recorded_answer'] or 'cut off'}) | {r['untuned_rounds']} / "
                 f"{r['untuned_compiles']} | {r['autotuned_rounds']} / {r['autotuned_compiles']} |"
             )
     for w, (ur, tr, tc) in totals.items():
