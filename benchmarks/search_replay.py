@@ -4,8 +4,7 @@ Each case is a fit recorded on a GPU (its JSON under benchmarks/results/, or its
 off before it wrote one): its untuned and autotuned peaks at the batches it compiled. Between
 recorded batches a peak is interpolated linearly, beyond them extended along the last two; that is
 a model of the curve, not a measurement, so this compares search strategies by rounds and compiles
-only. The real cost of a round is measured on a
-GPU (benchmarks/openpi/fit_phases.sh).
+only. The real cost of a round is measured on a GPU (benchmarks/openpi/fit_phases.sh).
 
     python benchmarks/search_replay.py            # the search as it is, at widths 4 and 8
 """
