@@ -53,8 +53,8 @@ def curve(points: dict[int, float]):
 
 
 def load_log(path: str):
-    """A fit's progress log (for a fit cut off before its JSON): the peaks it printed, 0.01 GiB
-    apart at most, its budget, and ``None`` for the answer it did not reach."""
+    """A fit's progress log (for a fit cut off before its JSON): the peaks it printed (rounded to
+    0.01 GiB), its budget, and ``None`` for the answer it did not reach."""
     untuned: dict[int, float] = {}
     tuned: dict[int, float] = {}
     budget, kind = None, untuned
