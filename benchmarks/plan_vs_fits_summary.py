@@ -25,22 +25,26 @@ def main() -> None:
         "| card | plan cell: batch | plan cell: s | single fit: batch | single fit: compiles / rounds | single fit: s |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
-    total = 0.0
+    total, missing = 0.0, []
     for card in cards:
         fit_path = folder / f"fit-{card}.json"
         fit = json.loads(fit_path.read_text()) if fit_path.exists() else {}
         fit = fit.get("fit", fit)
-        s = seconds(folder, f"fit-{card}") or 0.0
-        total += s
+        s = seconds(folder, f"fit-{card}")
+        if s is None:
+            missing.append(card)
+        else:
+            total += s
         phases = fit.get("phases") or {}
         rounds = (phases.get("search_rounds") or 0) + (phases.get("proof_rounds") or 0)
         print(
             f"| {card} | {by_card.get(card, {}).get('batch_size')} | {by_card.get(card, {}).get('seconds')} | "
             f"{fit.get('batch_size')} | "
-            f"{len(fit.get('candidates') or [])} / {rounds} | {s:.1f} |"
+            f"{len(fit.get('candidates') or [])} / {rounds} | {'not run' if s is None else f'{s:.1f}'} |"
         )
     plan_s = seconds(folder, "plan")
-    print(f"\nplan: {plan_s} s; the single fits together: {total:.1f} s")
+    fits = f"{total:.1f} s" + (f" (not run: {', '.join(missing)})" if missing else "")
+    print(f"\nplan: {'not run' if plan_s is None else f'{plan_s} s'}; the single fits together: {fits}")
 
 
 if __name__ == "__main__":
