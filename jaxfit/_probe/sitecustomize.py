@@ -53,6 +53,8 @@ MEASURE = os.environ.get("JAXFIT_MEASURE")
 STANDBY = os.environ.get("JAXFIT_MEASURE_WAIT")
 WANDB_CONFIG = os.environ.get("JAXFIT_WANDB_CONFIG")
 HELP_CHECK = os.environ.get("JAXFIT_HELP_CHECK") == "1"
+LEAN = os.environ.get("JAXFIT_PROBE_LEAN") == "1"
+"""A probe for a GPU that is not here, whose start-up leaves large outputs out (:mod:`jaxfit_lean`)."""
 HELP_CHECK_EXIT = 97
 """Exit code of a script run with ``--help`` that did not stop there (jaxfit.fit.command)."""
 OWNER_ENV = "JAXFIT_HOOK_OWNER"
@@ -422,6 +424,9 @@ _kinds: "dict[str, str]" = {}
 """What each called function does (``train step``, ``evaluation``, ``no step``), by tracing."""
 _serving = False
 """Set once the step is taken: every later call is part of compiling it."""
+_original_jit: "list[Any]" = []
+"""jax's own ``jit``, once the probe has wrapped it (a lean start-up compiles with it)."""
+_NOT_LEAN = object()
 _evaluating_since: "list[float]" = []
 """When the script first called an evaluation-like function (a batch in, no state updated)."""
 EVAL_SECONDS = float(os.environ.get("JAXFIT_PROBE_EVAL_SECONDS") or 600)
@@ -516,7 +521,23 @@ class _Watched:
             _stop_training(self._name, kind.why)
         if kind.step_like:
             _evaluating(self._name)
+        if LEAN and _original_jit:
+            outputs = self._lean_call(args, kwargs, kind.step_like)
+            if outputs is not _NOT_LEAN:
+                return outputs
         return self._jitted(*args, **kwargs)
+
+    def _lean_call(self, args: tuple, kwargs: dict, evaluation: bool) -> Any:
+        """In a lean start-up (:mod:`jaxfit_lean`), the call's outputs with its large ones left out
+        (their stand-ins); else :data:`_NOT_LEAN`."""
+        _importable()
+        import jaxfit_lean
+
+        outputs, left_out = jaxfit_lean.call(self._jitted, _original_jit[0], args, kwargs, evaluation)
+        if outputs is jaxfit_lean.RUN:
+            return _NOT_LEAN
+        _send({"op": "lean", "name": self._name, "bytes": left_out})
+        return outputs
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)
@@ -697,6 +718,7 @@ def _replace_jit(jax_module: Any, choose: Any) -> None:
     ``choose(jitted, fun, jit_kwargs)`` returns; ``jax.jit(static_argnums=...)`` as a decorator
     factory too."""
     original = jax_module.jit
+    _original_jit[:] = [original]
 
     @functools.wraps(original)
     def jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:

@@ -12,6 +12,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 
+from jaxfit._probe.jaxfit_lean import LEAN_ENV
 from jaxfit._probe.jaxfit_target import TARGET_ENV
 from jaxfit.errors import ConfigError
 from jaxfit.fit import budget as budget_mod
@@ -190,13 +191,29 @@ def _start_target_child(
         json.dump(entry, f)
     try:
         child, info = _open_child(
-            source, fraction, options, cache_path, extra={TARGET_ENV: f.name, "JAX_PLATFORMS": "cpu"}, progress=progress
+            source, fraction, options, cache_path, extra=_target_environment(f.name, options), progress=progress
         )
     finally:
         os.unlink(f.name)
+    if child.lean_calls:
+        left_out = ", ".join(f"{name} ({budget_mod.format_bytes(n)})" for name, n in sorted(child.lean_calls.items()))
+        notify(
+            progress,
+            "note",
+            text=f"lean start-up: the outputs of {left_out} were traced, not computed (--no-lean-start computes them)",
+        )
     if pool is not None:
         pool[key] = child
     return child, info, total, limit, None
+
+
+def _target_environment(target_file: str, options: FitOptions) -> dict[str, str]:
+    """The environment of a probe for a GPU that is not here: the card's file, jax on the CPU, and a
+    lean start-up unless ``--no-lean-start`` (:mod:`jaxfit._probe.jaxfit_lean`)."""
+    extra = {TARGET_ENV: target_file, "JAX_PLATFORMS": "cpu"}
+    if options.lean_start:
+        extra[LEAN_ENV] = "1"
+    return extra
 
 
 def _open_child(

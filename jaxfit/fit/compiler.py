@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxfit import errors
+from jaxfit._probe.jaxfit_lean import LEAN_ENV
 from jaxfit.errors import WorkerError
 from jaxfit.fit.budget import set_fraction
 from jaxfit.fit.command import check_batch_flag, hooked_pythonpath
@@ -237,6 +238,8 @@ class CompileChild:
         self.restarted_preallocated: str | None = None  # why the start-up was run again preallocated
         self.start_out_of_memory: str | None = None  # the start-up's out-of-memory line, when it did not start
         self._log_reader: threading.Thread | None = None
+        self.lean_calls: dict[str, int] = {}  # jitted function -> bytes of outputs a lean start-up left out
+        self.lean_failed: str | None = None  # why a lean start-up did not reach the step (it ran again in full)
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> CompileChild:
@@ -249,6 +252,32 @@ class CompileChild:
         self.close(polite=exc_type is None or issubclass(exc_type, Exception))
 
     def start(self) -> DeviceInfo:
+        """Start the child and wait until it has built the workload (or reached the step).
+
+        A lean start-up (:mod:`jaxfit._probe.jaxfit_lean`, a script's probe for a GPU that is not
+        here) that fails after it left a call's outputs out is started once more in full: the
+        script computed with its state before its first step.
+        """
+        try:
+            return self._start_with_pool()
+        except (WorkerError, errors.WorkloadError) as e:
+            if not self.lean_calls or self.extra_env.get(LEAN_ENV) != "1" or str(e).startswith("timed out"):
+                raise
+            said = [line.strip() for line in self._log if line.strip()]
+            self.lean_failed = said[-1] if said else errors.first_line(e)
+        if self.on_note is not None:
+            self.on_note(
+                f"the script stopped before its step after a lean start-up (the outputs of "
+                f"{', '.join(sorted(self.lean_calls))} traced, not computed): {self.lean_failed[:200]}; starting it "
+                "again with its start-up run in full"
+            )
+        self.close(polite=False)
+        self._reset_for_restart()
+        self.lean_calls = {}
+        self.extra_env.pop(LEAN_ENV, None)
+        return self._start_with_pool()
+
+    def _start_with_pool(self) -> DeviceInfo:
         """Start the child and wait until it has built the workload (or reached the step).
 
         A script whose start-up runs out of a GPU pool that grows is started once more with the
@@ -530,6 +559,10 @@ class CompileChild:
                 )
             if reply.get("op") == "jit_seen":
                 self.jitted_names.append(str(reply.get("name")))
+                continue
+            if reply.get("op") == "lean":  # a call of the start-up left out (jaxfit_lean)
+                name = str(reply.get("name"))
+                self.lean_calls[name] = self.lean_calls.get(name, 0) + int(reply.get("bytes") or 0)
                 continue
             if reply.get("op") == "jit_called":
                 self.called[str(reply.get("name"))] = int(reply.get("count") or 1)

@@ -118,6 +118,11 @@ class FitOptions:
         deviceless, on the CPU, for that card; answers are estimates (untuned), never pinned.
       squeeze: With ``target``: let the compiler see the card's limit (it rematerialises to fit it,
         as the card does); off: a compiler with room to spare (:mod:`jaxfit.fit.estimate`).
+      lean_start: With --script and --gpu: the jitted functions the script calls before its step
+        that make large arrays (its state's init) hand back their shapes instead of running, so its
+        start-up on this CPU needs little memory (openpi's pi0: 26-50 GiB otherwise); a script that
+        computes with its state before its first step is started again in full by itself.
+        --no-lean-start runs its start-up in full from the start.
     """
 
     mem_fraction: float | None = None
@@ -138,6 +143,7 @@ class FitOptions:
     rank_steps: tyro.conf.Suppress[tuple[int, int] | None] = None
     target: tyro.conf.Suppress[Target | None] = None
     squeeze: tyro.conf.Suppress[bool] = True
+    lean_start: bool = True
 
     def resolved_fraction(self) -> float:
         """The fraction to fit under (:func:`default_mem_fraction` when not given).

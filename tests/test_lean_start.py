@@ -1,0 +1,85 @@
+"""A lean start-up (``fit --script --gpu``, :mod:`jaxfit._probe.jaxfit_lean`): the large outputs of
+the jitted calls before the step are traced, not computed, and the estimate is the same."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import FIXTURES
+
+from jaxfit._probe import jaxfit_lean
+
+
+def _init(rng):
+    return {
+        "params": jax.random.normal(rng, (512, 1024)),  # 2 MiB: traced
+        "step": jnp.int32(7),  # computed
+        "key": jax.random.split(rng)[0],  # computed
+    }
+
+
+def test_a_lean_call_traces_its_large_outputs_and_computes_its_small_ones(monkeypatch):
+    monkeypatch.setenv(jaxfit_lean.MIN_BYTES_ENV, str(2**20))
+    devices = np.array(jax.devices()[:1])
+    mesh = jax.sharding.Mesh(devices, ("data",))
+    sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    jitted = jax.jit(_init, out_shardings={"params": sharded, "step": None, "key": None})
+    rng = jax.random.key(3)
+    outputs, left_out = jaxfit_lean.call(jitted, jax.jit, (rng,), {}, evaluation=False)
+    real = jitted(rng)
+    assert left_out == 512 * 1024 * 4
+    params = outputs["params"]
+    assert jaxfit_lean.is_stand_in(params) and params.shape == (512, 1024) and params.dtype == jnp.float32
+    assert params.sharding == sharded  # placed as the call places it
+    assert int(outputs["step"]) == 7 and isinstance(outputs["step"], jax.Array)
+    assert np.array_equal(jax.random.key_data(outputs["key"]), jax.random.key_data(real["key"]))
+    # a call taking a stand-in gets stand-ins back, all of them
+    norm = jax.jit(lambda state: (jnp.sum(state["params"] ** 2), state["step"] + 1))
+    (total, step), _ = jaxfit_lean.call(norm, jax.jit, (outputs,), {}, evaluation=False)
+    assert jaxfit_lean.is_stand_in(total) and jaxfit_lean.is_stand_in(step)
+
+
+def test_small_outputs_and_evaluations_on_real_arrays_run_as_they_are(monkeypatch):
+    rng = jax.random.key(0)
+    assert jaxfit_lean.call(jax.jit(_init), jax.jit, (rng,), {}, evaluation=False)[0] is jaxfit_lean.RUN  # < 64 MiB
+    monkeypatch.setenv(jaxfit_lean.MIN_BYTES_ENV, "0")
+    assert jaxfit_lean.call(jax.jit(_init), jax.jit, (rng,), {}, evaluation=True)[0] is jaxfit_lean.RUN
+
+
+MINI = [sys.executable, str(FIXTURES / "mini_train.py"), "--steps", "1", "--width", "8192"]
+FIT = ["fit", "--script", "--gpu", "rtx-a6000", "--device-memory", "1GiB", "--mem-fraction", "0.1",
+       "--min-batch", "512", "--max-batch", "8192", "--multiple-of", "512", "--no-cache"]  # fmt: skip
+
+
+def _answer(path) -> tuple:
+    data = json.loads(path.read_text())
+    peaks = [(c["batch_size"], c["peak_bytes"]) for side in ("squeezed", "safe") for c in data[side]["candidates"]]
+    return data["batch_size"], data["squeezed_batch_size"], peaks
+
+
+@pytest.mark.slow
+def test_a_lean_start_up_gives_the_estimate_of_a_full_one_and_falls_back_to_one(run_cli, tmp_path, monkeypatch):
+    """The script's init (w1 2 MiB, traced; w2 320 KiB, computed) is left out, the step compiled
+    from the shapes: the same answers and peaks as the start-up run in full (--no-lean-start). A
+    script that computes with its state before its step fails on a stand-in and is started again in
+    full, with the same answer."""
+    monkeypatch.setenv(jaxfit_lean.MIN_BYTES_ENV, str(2**20))  # the tiny state counts as large
+    lean = run_cli(*FIT, "--json", "lean.json", "--", *MINI)
+    assert lean.returncode == 0, lean.stderr[-3000:]
+    assert "lean start-up: the outputs of init (2.00 MiB) were traced, not computed" in " ".join(lean.stderr.split())
+    full = run_cli(*FIT, "--no-lean-start", "--json", "full.json", "--", *MINI)
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert "lean start-up" not in " ".join(full.stderr.split())
+    assert _answer(tmp_path / "lean.json") == _answer(tmp_path / "full.json")
+
+    again = run_cli(*FIT, "--json", "again.json", "--", *MINI, "--norm-before-step")
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = " ".join(again.stderr.split())
+    assert "the script stopped before its step after a lean start-up (the outputs of init traced, not computed)" in said
+    assert "TypeError" in said and "starting it again with its start-up run in full" in said
+    assert _answer(tmp_path / "again.json") == _answer(tmp_path / "full.json")
