@@ -79,7 +79,10 @@ def call(
     abstract_in = any(is_stand_in(x) for x in flat_in)
     if evaluation and not abstract_in:
         return RUN, 0
-    shapes = jax.eval_shape(jitted, *args, **kwargs)
+    try:
+        shapes = jax.eval_shape(jitted, *args, **kwargs)
+    except Exception:  # not traceable here: the call runs, and says for itself what is wrong
+        return RUN, 0
     flat_out, out_tree = jax.tree_util.tree_flatten(shapes)
     sizes = [_nbytes(x) if hasattr(x, "shape") and hasattr(x, "dtype") else 0 for x in flat_out]
     if not abstract_in and sum(sizes) < min_bytes():
@@ -87,9 +90,14 @@ def call(
     keep = [] if abstract_in else [i for i, size in enumerate(sizes) if size < LEAF_BYTES]
     outputs = list(flat_out)
     if keep:
-        for i, value in zip(keep, _computed(jitted, original_jit, flat_in, in_tree, keep)):
+        try:
+            values = _computed(jitted, original_jit, flat_in, in_tree, keep)
+        except Exception:  # the small outputs alone cannot be made: the call runs in full
+            return RUN, 0
+        for i, value in zip(keep, values):
             outputs[i] = value
-    left_out = sum(size for i, size in enumerate(sizes) if i not in keep)
+    kept = set(keep)
+    left_out = sum(size for i, size in enumerate(sizes) if i not in kept)
     return jax.tree_util.tree_unflatten(out_tree, outputs), left_out
 
 
