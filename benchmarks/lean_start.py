@@ -13,7 +13,8 @@ and the answers and peaks, which must be equal::
 
 Everything after ``--`` is the script's command. Writes ``OUT/{lean,full}.json`` (jaxfit's JSON),
 ``OUT/{lean,full}.log`` (its output and ``time -v``'s) and ``OUT/summary.md``; exit 1 when the two
-fits' answers or peaks differ.
+fits' answers or peaks differ. ``--keep`` reads a mode an earlier run finished instead of running it
+again (``--modes lean`` first, ``--modes lean,full --keep`` later).
 """
 
 from __future__ import annotations
@@ -52,6 +53,25 @@ def run_fit(mode: str, out: Path, fit_args: list[str], command: list[str], timeo
     return {"mode": mode, "code": code, "wall_s": wall, "max_rss_kib": int(rss.group(1)) if rss else None, "fit": data}
 
 
+def finished_fit(mode: str, out: Path) -> dict[str, Any] | None:
+    """A fit in ``mode`` that an earlier run of this benchmark finished (its JSON and ``time -v``'s
+    lines in its log), or None."""
+    result_json, log = out / f"{mode}.json", out / f"{mode}.log"
+    if not (result_json.exists() and log.exists()):
+        return None
+    text = log.read_text(errors="replace")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+    code = re.search(r"Exit status: (\d+)", text)
+    if not (rss and wall and code):
+        return None
+    seconds = 0.0
+    for part in wall.group(1).split(":"):
+        seconds = seconds * 60 + float(part)
+    fit = json.loads(result_json.read_text())
+    return {"mode": mode, "code": int(code.group(1)), "wall_s": seconds, "max_rss_kib": int(rss.group(1)), "fit": fit}
+
+
 def answer(fit: dict[str, Any] | None) -> tuple[Any, ...]:
     """What must agree: both answers and every compiled batch's peak, both searches."""
     if fit is None:
@@ -70,6 +90,7 @@ def main() -> int:
     parser.add_argument("--fit", default="", help="jaxfit fit options, one string (e.g. '--gpu h100-sxm')")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds for each fit")
     parser.add_argument("--modes", default="lean,full", help="which fits, in order (lean, full)")
+    parser.add_argument("--keep", action="store_true", help="read a mode an earlier run finished instead of running it")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the script's command")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -81,8 +102,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for mode in modes:
-        print(f"{time.strftime('%H:%M:%S')} {mode} ...", flush=True)
-        run = run_fit(mode, args.out, shlex.split(args.fit), command, args.timeout)
+        run = finished_fit(mode, args.out) if args.keep else None
+        if run is None:
+            print(f"{time.strftime('%H:%M:%S')} {mode} ...", flush=True)
+            run = run_fit(mode, args.out, shlex.split(args.fit), command, args.timeout)
+        else:
+            print(f"{mode}: read from {args.out}", flush=True)
         print(f"  exit {run['code']}, {run['wall_s']:.1f} s, max RSS {run['max_rss_kib']} KiB", flush=True)
         runs.append(run)
     lines = [
