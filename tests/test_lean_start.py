@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, REPO
 
 from jaxfit._probe import jaxfit_lean
 
@@ -83,3 +83,29 @@ def test_a_lean_start_up_gives_the_estimate_of_a_full_one_and_falls_back_to_one(
     assert "the script stopped before its step after a lean start-up (the outputs of init traced, not computed)" in said
     assert "TypeError" in said and "starting it again with its start-up run in full" in said
     assert _answer(tmp_path / "again.json") == _answer(tmp_path / "full.json")
+
+
+@pytest.mark.slow
+def test_a_lean_start_up_of_a_sharded_state_gives_the_plan_of_a_full_one(run_cli, tmp_path, monkeypatch):
+    """scripts/train.py on two host devices with FSDP 2: its init's outputs come back as stand-ins
+    sharded as the init shards them, and the plan's cell for an RTX 4090 x 2 is the full start-up's."""
+    monkeypatch.setenv(jaxfit_lean.MIN_BYTES_ENV, "0")
+    monkeypatch.setenv(jaxfit_lean.LEAF_BYTES_ENV, "4096")  # gpt-tiny's parameters count as large
+    plan = ["plan", "--script", "--gpu", "rtx-4090", "--devices", "2", "--fsdp", "2", "--mem-fraction", "0.0005",
+            "--max-batch", "256", "--multiple-of", "16", "--no-cache"]  # fmt: skip
+    script = ["--", sys.executable, str(REPO / "scripts" / "train.py"), "debug", "--exp-name=lean", "--overwrite"]
+    lean = run_cli(*plan, "--json", "lean.json", *script)
+    assert lean.returncode == 0, lean.stderr[-3000:]
+    said = " ".join(lean.stderr.split())
+    assert "lean start-up: the outputs of init_train_state (984.00 KiB) were traced, not computed" in said
+    assert "_synthetic_batch" not in said  # its outputs are all small: it ran
+    full = run_cli(*plan, "--no-lean-start", "--json", "full.json", *script)
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    def cells(name: str) -> list:
+        data = json.loads((tmp_path / name).read_text())
+        return [
+            (c["devices"], c["fsdp"], c["batch_size"], c["squeezed_batch_size"], c["peak_bytes"]) for c in data["cells"]
+        ]
+
+    assert cells("lean.json") == cells("full.json") and cells("lean.json")[0][:2] == (2, 2)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Tuple
 
 LEAN_ENV = "JAXFIT_PROBE_LEAN"
 MIN_BYTES_ENV = "JAXFIT_PROBE_LEAN_MIN_BYTES"
+LEAF_BYTES_ENV = "JAXFIT_PROBE_LEAN_LEAF_BYTES"
 MIN_BYTES = 64 * 2**20
 """A call whose outputs total less runs as it is: it costs little memory, and its values may matter."""
 LEAF_BYTES = 2**20
@@ -40,11 +41,20 @@ def enabled() -> bool:
     return os.environ.get(LEAN_ENV) == "1"
 
 
+def _bytes_setting(name: str, default: int) -> int:
+    given = os.environ.get(name, "")
+    return int(given) if given.isdigit() else default
+
+
 def min_bytes() -> int:
     """The outputs a call must make, in bytes, to be left out (``$JAXFIT_PROBE_LEAN_MIN_BYTES`` or
     :data:`MIN_BYTES`)."""
-    given = os.environ.get(MIN_BYTES_ENV, "")
-    return int(given) if given.isdigit() else MIN_BYTES
+    return _bytes_setting(MIN_BYTES_ENV, MIN_BYTES)
+
+
+def leaf_bytes() -> int:
+    """The size from which an output is left out (``$JAXFIT_PROBE_LEAN_LEAF_BYTES`` or :data:`LEAF_BYTES`)."""
+    return _bytes_setting(LEAF_BYTES_ENV, LEAF_BYTES)
 
 
 def is_stand_in(x: Any) -> bool:
@@ -87,7 +97,9 @@ def call(
     sizes = [_nbytes(x) if hasattr(x, "shape") and hasattr(x, "dtype") else 0 for x in flat_out]
     if not abstract_in and sum(sizes) < min_bytes():
         return RUN, 0
-    keep = [] if abstract_in else [i for i, size in enumerate(sizes) if size < LEAF_BYTES]
+    keep = [] if abstract_in else [i for i, size in enumerate(sizes) if size < leaf_bytes()]
+    if len(keep) == len(flat_out):  # nothing large to leave out
+        return RUN, 0
     outputs = list(flat_out)
     if keep:
         try:
