@@ -36,11 +36,6 @@ RUN = object()
 """What :func:`call` returns for a call that runs as it is."""
 
 
-def enabled() -> bool:
-    """Whether this probe's start-up is lean (``$JAXFIT_PROBE_LEAN=1``)."""
-    return os.environ.get(LEAN_ENV) == "1"
-
-
 def _bytes_setting(name: str, default: int) -> int:
     given = os.environ.get(name, "")
     return int(given) if given.isdigit() else default

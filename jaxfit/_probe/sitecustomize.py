@@ -14,7 +14,9 @@ start-up, before the script. It waits for ``jax`` to be imported and wraps ``jax
   first call that takes a batch and returns the state it was given updated. Functions that return
   no updated state (an evaluation on a few batches before training) run, for at most
   :data:`EVAL_SECONDS`; a probe never trains: a call that would update the state and is not the
-  step taken is stopped before it runs, and jaxfit is told what the script called;
+  step taken is stopped before it runs, and jaxfit is told what the script called. A probe for a
+  GPU that is not here (``$JAXFIT_PROBE_LEAN``) traces, rather than runs, the calls before the step
+  that make large outputs (:mod:`jaxfit_lean`);
 - **pin** (``$JAXFIT_PIN``): the train step runs the executable the fit proved, or is checked
   against the budget before its first step; any other jitted function that would update the state
   (a train step the pin does not cover) stops the process before it runs (:mod:`jaxfit_pin`);
