@@ -109,3 +109,27 @@ def test_a_lean_start_up_of_a_sharded_state_gives_the_plan_of_a_full_one(run_cli
         ]
 
     assert cells("lean.json") == cells("full.json") and cells("lean.json")[0][:2] == (2, 2)
+
+
+@pytest.mark.slow
+def test_a_flax_nnx_model_built_in_nnx_jit_starts_lean_and_one_evaluated_first_falls_back(
+    run_cli, tmp_path, monkeypatch
+):
+    """flax NNX: a model built inside ``nnx.jit`` comes back with stand-ins in its variables, and an
+    eager ``nnx.Optimizer`` is made from them; an evaluation before training (its metrics computed
+    from stand-ins) fails, and the script starts again in full. The same answer both ways."""
+    monkeypatch.setenv(jaxfit_lean.MIN_BYTES_ENV, "0")
+    monkeypatch.setenv(jaxfit_lean.LEAF_BYTES_ENV, "4096")  # the two Linear kernels count as large
+    fit = ["fit", "--script", "--gpu", "rtx-4090", "--mem-fraction", "0.0002", "--max-batch", "4096", "--no-cache"]
+    nnx_script = ["--", sys.executable, str(FIXTURES / "nnx_train.py"), "--create-jitted"]
+    lean = run_cli(*fit, "--json", "lean.json", *nnx_script, "--eval-batches", "0")
+    assert lean.returncode == 0, lean.stderr[-3000:]
+    said = " ".join(lean.stderr.split())
+    assert "lean start-up: the outputs of <lambda> (42.00 KiB) were traced, not computed" in said
+    assert "starting it again" not in said
+    evaluated = run_cli(*fit, "--json", "evaluated.json", *nnx_script, "--eval-batches", "2")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    said = " ".join(evaluated.stderr.split())
+    assert "the script stopped before its step after a lean start-up" in said
+    assert "starting it again with its start-up run in full" in said
+    assert _answer(tmp_path / "lean.json") == _answer(tmp_path / "evaluated.json")
