@@ -59,7 +59,7 @@ def fit_command(
         wandb: Log the fit as its own Weights & Biases run (settings in its config, candidates as a table).
         wandb_mode: online, offline or disabled; default $WANDB_MODE, else online with credentials and offline without.
         wandb_project: The W&B project of --wandb.
-        gpu: Estimate for a GPU model that is not here (jaxfit gpus list: rtx-4090, rtx-a6000, a100-80gb, h100-sxm, rtx-pro-6000, h200, ...): the step (of a built-in example, an --entry step, or a --script's, whose start-up runs on the CPU) is compiled deviceless for that card, on this machine's CPU, under the limit --mem-fraction of the card gives (--device-memory: another size of it). An estimate of an untuned program, never pinned: the answer keeps its plain program within the budget with a 5% margin for autotuning, and says how far XLA's rematerialisation might go beyond it. Needs jax's CUDA plugin (pip install "jaxfit[targets]").
+        gpu: Estimate for a GPU model that is not here (jaxfit gpus list: rtx-4090, rtx-a6000, a100-80gb, h100-sxm, rtx-pro-6000, h200, ...): the step (of a built-in example, an --entry step, or a --script's, whose start-up runs on the CPU) is compiled deviceless for that card, on this machine's CPU, under the limit --mem-fraction of the card gives (--device-memory: another size of it). An estimate of an untuned program, never pinned: the answer keeps its plain program within the budget with a 12% margin for autotuning, and says how far XLA's rematerialisation might go beyond it. Needs jax's CUDA plugin (pip install "jaxfit[targets]").
         gpu_spec: As --gpu, for a card described by a target config file (jaxfit gpus capture writes one on the card).
     """
     parsed()

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from jaxfit.fit.budget import format_bytes
+from jaxfit.fit.estimate import AUTOTUNE_MARGIN
 from jaxfit.plan.whatif import Cell, PlanResult
 from jaxfit.versions import jaxfit_version
 
@@ -112,7 +113,7 @@ def _platform_note(result: PlanResult) -> list[str]:
         out.append(
             "**Estimates for GPU models that were not here** (marked est.): compiled deviceless for each model's "
             "target config, on a CPU. Deviceless programs are untuned, so the batch shown is the safe one: its plain "
-            "program fits the budget with a 5 % margin for what autotuning adds."
+            f"program fits the budget with a {AUTOTUNE_MARGIN:.0%} margin for what autotuning adds."
             + (
                 " Larger batches fit only through XLA's rematerialisation toward the card's limit ("
                 + ", ".join(f"{c.card} x {c.devices}: up to {c.squeezed_batch_size}" for c in squeezed)
