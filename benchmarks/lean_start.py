@@ -34,7 +34,8 @@ MODES = {"lean": "--lean-start", "full": "--no-lean-start"}
 
 
 def run_fit(mode: str, out: Path, fit_args: list[str], command: list[str], timeout: float) -> dict[str, Any]:
-    """One fit in ``mode``; its wall seconds, largest resident set (KiB), exit code and JSON."""
+    """One fit in ``mode``; its wall seconds, largest resident set (KiB), exit code and JSON, as
+    :func:`finished_fit` reads them (a fit that wrote no JSON: its own exit code and time)."""
     result_json, log = out / f"{mode}.json", out / f"{mode}.log"
     result_json.unlink(missing_ok=True)
     argv = [
@@ -46,11 +47,10 @@ def run_fit(mode: str, out: Path, fit_args: list[str], command: list[str], timeo
         f.write("$ " + shlex.join(argv) + "\n")
         f.flush()
         code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
-    wall = time.monotonic() - start
-    text = log.read_text(errors="replace")
-    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-    data = json.loads(result_json.read_text()) if result_json.exists() else None
-    return {"mode": mode, "code": code, "wall_s": wall, "max_rss_kib": int(rss.group(1)) if rss else None, "fit": data}
+    finished = finished_fit(mode, out)
+    if finished is not None:
+        return finished
+    return {"mode": mode, "code": code, "wall_s": time.monotonic() - start, "max_rss_kib": None, "fit": None}
 
 
 def finished_fit(mode: str, out: Path) -> dict[str, Any] | None:

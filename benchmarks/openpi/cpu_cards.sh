@@ -22,8 +22,7 @@ cd /tmp/cpu-cards || exit 2
 for model in "$@"; do
   rm -rf /tmp/cpu-cards/ckpt
   echo "== $(date -u +%T) $CONFIG on $model"
-  # shellcheck disable=SC2086  # JAXFIT is a command line
-  # shellcheck disable=SC2086  # FIT_ARGS too
+  # shellcheck disable=SC2086  # JAXFIT is a command line, FIT_ARGS options
   /usr/bin/time -v $JAXFIT fit --script --gpu "$model" --mem-fraction "$FRACTION" ${FIT_ARGS:-} --json "$OUT/$CONFIG-$model${TAG:-}.json" \
     -- "$VENV/bin/python" "$REPO/benchmarks/openpi/train_fake.py" "$CONFIG" --exp-name=fit \
     --checkpoint-base-dir=/tmp/cpu-cards/ckpt --no-wandb-enabled >"$OUT/$CONFIG-$model${TAG:-}.log" 2>&1

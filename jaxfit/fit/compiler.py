@@ -239,7 +239,6 @@ class CompileChild:
         self.start_out_of_memory: str | None = None  # the start-up's out-of-memory line, when it did not start
         self._log_reader: threading.Thread | None = None
         self.lean_calls: dict[str, int] = {}  # jitted function -> bytes of outputs a lean start-up left out
-        self.lean_failed: str | None = None  # why a lean start-up did not reach the step (it ran again in full)
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> CompileChild:
@@ -264,11 +263,11 @@ class CompileChild:
             if not self.lean_calls or self.extra_env.get(LEAN_ENV) != "1" or str(e).startswith("timed out"):
                 raise
             said = [line.strip() for line in self._log if line.strip()]
-            self.lean_failed = said[-1] if said else errors.first_line(e)
+            why = said[-1] if said else errors.first_line(e)
         if self.on_note is not None:
             self.on_note(
                 f"the script stopped before its step after a lean start-up (the outputs of "
-                f"{', '.join(sorted(self.lean_calls))} traced, not computed): {self.lean_failed[:200]}; starting it "
+                f"{', '.join(sorted(self.lean_calls))} traced, not computed): {why[:200]}; starting it "
                 "again with its start-up run in full"
             )
         self.close(polite=False)
