@@ -3,6 +3,8 @@
 #   bash benchmarks/openpi/gpu_run.sh CONFIG CARD BATCH|LO-HI [openpi train.py flags ...]
 # e.g. bash benchmarks/openpi/gpu_run.sh pi0_libero_low_mem_finetune 48GiB 118
 #      GPUS=1 bash benchmarks/openpi/gpu_run.sh pi0_libero 80GiB 51      (the run sees one GPU of the host)
+#      bash benchmarks/openpi/gpu_run.sh pi0_libero_low_mem_finetune card 219-221   (CARD "card": the GPU as itself,
+#                                                                                  no --device-memory)
 #      MULTIPLE=2 TAG=pi0_libero-80GiB-fsdp2 bash benchmarks/openpi/gpu_run.sh pi0_libero 80GiB 256-448 --fsdp-devices=2
 # 1. set-up as gpu_fit.sh (wheels, patched openpi, preflight: gpu_setup.sh);
 # 2. jaxfit run --device-memory CARD --mem-fraction $FRACTION --min-batch LO --max-batch HI (BATCH alone:
@@ -23,6 +25,7 @@ MULTIPLE=${MULTIPLE:-1}
 if [[ $BATCH == *-* ]]; then LO=${BATCH%-*} HI=${BATCH#*-}; else LO=$BATCH HI=$((BATCH + MULTIPLE)); fi
 GPU_ARGS=()
 [ -n "${GPUS:-}" ] && GPU_ARGS=(--gpus "$GPUS")
+[ "$CARD" != card ] && GPU_ARGS+=(--device-memory "$CARD")
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/openpi-fit}
 SITE=${SITE:-/tmp/site}
@@ -52,7 +55,7 @@ else
   LEFT=$((BUDGET_S - ($(date +%s) - START)))
   echo "== $(date -u +%T) jaxfit run: fit $LO..$HI then run $STEPS steps ($CONFIG, card $CARD, fraction $FRACTION; ${LEFT} s left)"
   timeout --signal=TERM --kill-after=20 "$LEFT" \
-    python3 -m jaxfit.cli run --mem-fraction "$FRACTION" --device-memory "$CARD" --min-batch "$LO" --max-batch "$HI" \
+    python3 -m jaxfit.cli run --mem-fraction "$FRACTION" --min-batch "$LO" --max-batch "$HI" \
     --multiple-of "$MULTIPLE" "${GPU_ARGS[@]}" --probe-timeout "$LEFT" --json "$OUT/$TAG-run.json" \
     --probe-arg=--checkpoint-base-dir=/tmp/openpi-probe-ckpt -- "${openpi[@]}" --exp-name=run
   RC=$?
@@ -66,7 +69,7 @@ LEFT=$((BUDGET_S - ($(date +%s) - START)))
 if [ "$LEFT" -lt 60 ]; then echo "== only ${LEFT} s left of BUDGET_S: the next batch up ($UP) is not run"; exit "$RC"; fi
 echo "== $(date -u +%T) jaxfit run --batch-size $UP (plain, the answer $ANSWER + $MULTIPLE; ${LEFT} s left)"
 timeout --signal=TERM --kill-after=20 "$LEFT" \
-  python3 -m jaxfit.cli run --batch-size "$UP" --mem-fraction "$FRACTION" --device-memory "$CARD" "${GPU_ARGS[@]}" \
+  python3 -m jaxfit.cli run --batch-size "$UP" --mem-fraction "$FRACTION" "${GPU_ARGS[@]}" \
   --json "$OUT/$TAG-up.json" -- "${openpi[@]}" --exp-name=up
 RC=$?
 echo "== $(date -u +%T) next batch up: exit $RC after $(($(date +%s) - START)) s"
