@@ -11,7 +11,7 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 VENV=${VENV:-/work/openpi-env}
-OUT=${OUT:?set OUT}
+OUT=$(realpath -m "${OUT:?set OUT}")  # the fits run in /tmp/cpu-cards
 CONFIG=${CONFIG:-pi0_libero_low_mem_finetune}
 FRACTION=${FRACTION:-0.9}
 JAXFIT=${JAXFIT:-$REPO/.venv/bin/python -m jaxfit.cli}
