@@ -63,6 +63,45 @@ def test_newer_spec_fields_an_older_jaxlib_cannot_read_are_dropped():
     assert "core_count: 4" in kept and "device_memory_size: 9" in kept and "major: 9" in kept
 
 
+def test_fields_older_jaxlibs_lack_are_dropped_only_when_asked():
+    from jaxfit._probe.jaxfit_target import OLDER_JAXLIB_FIELDS
+
+    text = "gpu_device_info {\n  thread_dim_limit_x: 1024\n  core_count: 4\n}\ncuda_compute_capability {\n  major: 9\n  feature_extension: ACCELERATED_FEATURES\n}\n"
+    assert targets.drop_unknown_fields(text) == text  # jax 0.10.2 and newer read these
+    older = targets.drop_unknown_fields(text, OLDER_JAXLIB_FIELDS)
+    assert "thread_dim_limit_x" not in older and "feature_extension" not in older
+    assert "core_count: 4" in older and "major: 9" in older
+
+
+UNREADABLE = """
+import sys
+from jaxfit._probe.jaxfit_target import NoTopology, make_devices
+from jaxfit.fit import targets
+spec = targets.target_for(targets.find_model("rtx-a6000")).spec
+field = sys.argv[1]
+spec = spec.replace("gpu_device_info {", "gpu_device_info {\\n  %s: 2097152" % field, 1)
+try:
+    print("device:", make_devices(spec, 1)[0].device_kind)
+except NoTopology as e:
+    print("unreadable:", e.unreadable, str(e))
+"""
+
+
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [("collective_memory_granularity", "device: NVIDIA RTX A6000"), ("no_field_jaxfit_knows", "unreadable: True")],
+)
+def test_a_config_this_jaxlib_cannot_parse_is_read_again_without_the_newer_fields(field, expected):
+    # jax 0.10.2 cannot parse collective_memory_granularity (a newer jaxlib can): either way devices
+    # are made; a field nobody knows stays unreadable.
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", UNREADABLE, field], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith(expected), proc.stdout
+
+
 def test_a_spec_file_that_is_not_one_or_has_no_size_is_one_line(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ConfigError, match="is not a GPU target config"):

@@ -42,6 +42,8 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, TextIO
 
 TRITON_TILING_ERRORS = ("No supported config found for HLO", "Couldn't find output tile sizes")
 """What a deviceless GPU compile says when it finds no Triton tiling for a dot without autotuning."""
+NO_AUTOTUNE_RESULTS = "Expect autotune result cache hit for deviceless compilation"
+"""What an older XLA's deviceless GPU compile (jax 0.6.2, 0.7.2) says unless autotuning is off."""
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 REPLY_FD_ENV = "JAXFIT_REPLY_FD"
 REQUEST_FD_ENV = "JAXFIT_REQUEST_FD"
@@ -345,7 +347,12 @@ def memory_of(compiled: Any) -> Dict[str, Any]:
     """XLA's memory analysis (and FLOPs where given) of a compiled step, as a plain dict."""
     ma = compiled.memory_analysis()
     if ma is None:
-        raise RuntimeError("this backend gives no memory analysis for compiled programs")
+        import jax
+
+        raise RuntimeError(
+            "jax %s gives no memory analysis for this compiled program; to compile for a GPU that is not here "
+            "the script needs jax 0.6.2 or newer (0.5.3 gives none)" % jax.__version__
+        )
     flops = None
     try:
         cost = compiled.cost_analysis()
@@ -642,16 +649,27 @@ class Server:
                 "RESOURCE_EXHAUSTED: Out of memory while autotuning beside the compile of batch %d "
                 "(emulated: $%s)" % (min(beside), EMULATE_CROWDED_OOM_ENV)
             )
-        try:
-            return lowered.compile(compiler_options=options) if options else lowered.compile()
-        except Exception as e:
-            # Deviceless (a GPU that is not here), XLA finds no Triton tiling for some dots without
-            # autotuning ("No supported config found", "Couldn't find output tile sizes"): such a dot
-            # goes to cuBLAS instead, as autotuning would have let it.
-            text = str(e)
-            if self.info.get("topology") != "target" or not any(m in text for m in TRITON_TILING_ERRORS):
-                raise
-            return lowered.compile(compiler_options=dict(options, xla_gpu_enable_triton_gemm=False))
+        tried = dict(options)
+        while True:
+            try:
+                return lowered.compile(compiler_options=tried) if tried else lowered.compile()
+            except Exception as e:
+                # Deviceless (a GPU that is not here): XLA may find no Triton tiling for some dots
+                # without autotuning ("No supported config found", "Couldn't find output tile sizes"):
+                # such a dot goes to cuBLAS instead, as autotuning would have let it. An older XLA
+                # (jax 0.6, 0.7) asks for autotuning results it cannot have unless autotuning is off.
+                text = str(e)
+                if self.info.get("topology") != "target":
+                    raise
+                if NO_AUTOTUNE_RESULTS in text and tried.get("xla_gpu_autotune_level") != 0:
+                    tried["xla_gpu_autotune_level"] = 0
+                elif (
+                    any(m in text for m in TRITON_TILING_ERRORS)
+                    and tried.get("xla_gpu_enable_triton_gemm") is not False
+                ):
+                    tried["xla_gpu_enable_triton_gemm"] = False
+                else:
+                    raise
 
     def _keep(self, batch: int, fingerprint: str, compiled: Any, memory: Dict[str, Any]) -> None:
         with self._kept_lock:

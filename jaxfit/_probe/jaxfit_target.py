@@ -75,19 +75,67 @@ class NoTopology(Exception):
         self.unreadable = "parse" in text.lower()
 
 
+NEWER_FIELDS = ("collective_memory_granularity", "scalar_unit_description", "matrix_unit_description")
+"""Fields of newer XLA target configs that jax 0.10.2's jaxlib does not know ("Failed to parse
+GpuTargetConfigProto"); none of them changes a memory analysis."""
+
+OLDER_JAXLIB_FIELDS = NEWER_FIELDS + (
+    "thread_dim_limit_x",
+    "thread_dim_limit_y",
+    "thread_dim_limit_z",
+    "feature_extension",
+)
+"""What a config is read again without when this jaxlib cannot parse it: also the fields jax 0.6.2's
+and 0.7.2's do not know."""
+
+SKIP_CUDA_CHECK_ENV = "JAX_SKIP_CUDA_CONSTRAINTS_CHECK"
+"""jax's switch that skips its CUDA plugin's check of the CUDA versions against the GPU's driver:
+on a machine without a GPU the check fails (``cuInit``) and the plugin of jax 0.6 and 0.7 does not
+start, so no GPU could be compiled for. Set in a probe for a GPU that is not here."""
+
+
+def drop_unknown_fields(text: str, fields: "Sequence[str]" = NEWER_FIELDS) -> str:
+    """``text`` without comments and ``fields`` (their blocks too)."""
+    out = []
+    skipping = 0
+    for line in text.splitlines():
+        stripped = line.split("#", 1)[0].strip() if '"' not in line else line.strip()
+        if not stripped:
+            continue
+        if skipping:
+            skipping += stripped.count("{") - stripped.count("}")
+            continue
+        head = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\s*[:{]", stripped)
+        if head and head.group(1) in fields:
+            skipping = stripped.count("{") - stripped.count("}")
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def make_devices(spec: str, count: int) -> "list[Any]":
-    """``count`` compile-only devices of the GPU of ``spec``.
+    """``count`` compile-only devices of the GPU of ``spec``; a config this jaxlib cannot parse is
+    read again without the fields older jaxlibs lack (:data:`OLDER_JAXLIB_FIELDS`).
 
     Raises:
       NoTopology: jax here has no CUDA plugin, or it cannot read the config.
     """
     from jax.experimental import topologies
 
+    def topology(text: str) -> Any:
+        try:
+            return topologies.get_topology_desc(platform="cuda", target_config=text, topology="1x1x%d" % count)
+        except Exception as e:  # the plugin missing, or a config it cannot parse
+            raise NoTopology(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+
     try:
-        topology = topologies.get_topology_desc(platform="cuda", target_config=spec, topology="1x1x%d" % count)
-    except Exception as e:  # the plugin missing, or a config it cannot parse
-        raise NoTopology(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-    return list(topology.devices)[:count]
+        found = topology(spec)
+    except NoTopology as e:
+        older = drop_unknown_fields(spec, OLDER_JAXLIB_FIELDS)
+        if not e.unreadable or older == spec:
+            raise
+        found = topology(older)
+    return list(found.devices)[:count]
 
 
 def _placed(sharding: Any, devices: "Sequence[Any]") -> Any:

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 
 from jaxfit._probe.jaxfit_lean import LEAN_ENV
-from jaxfit._probe.jaxfit_target import TARGET_ENV
+from jaxfit._probe.jaxfit_target import SKIP_CUDA_CHECK_ENV, TARGET_ENV
 from jaxfit.errors import ConfigError
 from jaxfit.fit import budget as budget_mod
 from jaxfit.fit.common import Progress, notify
@@ -209,8 +209,9 @@ def _start_target_child(
 
 def _target_environment(target_file: str, options: FitOptions) -> dict[str, str]:
     """The environment of a probe for a GPU that is not here: the card's file, jax on the CPU, and a
-    lean start-up unless ``--no-lean-start`` (:mod:`jaxfit._probe.jaxfit_lean`)."""
-    extra = {TARGET_ENV: target_file, "JAX_PLATFORMS": "cpu"}
+    lean start-up unless ``--no-lean-start`` (:mod:`jaxfit._probe.jaxfit_lean`), and jax's CUDA plugin
+    allowed to start without a GPU driver (:data:`jaxfit._probe.jaxfit_target.SKIP_CUDA_CHECK_ENV`)."""
+    extra = {TARGET_ENV: target_file, "JAX_PLATFORMS": "cpu", SKIP_CUDA_CHECK_ENV: "1"}
     if options.lean_start:
         extra[LEAN_ENV] = "1"
     return extra

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jaxfit._probe.jaxfit_target import MEMORY_FIELD
+from jaxfit._probe.jaxfit_target import MEMORY_FIELD, drop_unknown_fields
 from jaxfit.errors import ConfigError
 
 DEVICELESS_AIM = 0.8
@@ -231,30 +231,6 @@ def set_memory_size(text: str, memory_bytes: int) -> str:
     if SPEC_FIELD_MEMORY.search(text):
         return SPEC_FIELD_MEMORY.sub(f"device_memory_size: {int(memory_bytes)}", text, count=1)
     return text.replace("gpu_device_info {", f"gpu_device_info {{\n  device_memory_size: {int(memory_bytes)}", 1)
-
-
-NEWER_FIELDS = ("collective_memory_granularity", "scalar_unit_description", "matrix_unit_description")
-"""Fields of newer XLA specs that older jaxlibs do not know ("Failed to parse GpuTargetConfigProto");
-none of them changes a memory analysis."""
-
-
-def drop_unknown_fields(text: str) -> str:
-    """``text`` without comments and the :data:`NEWER_FIELDS` (their blocks too)."""
-    out: list[str] = []
-    skipping = 0
-    for line in text.splitlines():
-        stripped = line.split("#", 1)[0].strip() if '"' not in line else line.strip()
-        if not stripped:
-            continue
-        if skipping:
-            skipping += stripped.count("{") - stripped.count("}")
-            continue
-        head = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\s*[:{]", stripped)
-        if head and head.group(1) in NEWER_FIELDS:
-            skipping = stripped.count("{") - stripped.count("}")
-            continue
-        out.append(line)
-    return "\n".join(out) + "\n"
 
 
 def squeezed_size(limit_bytes: int) -> int:
