@@ -87,6 +87,7 @@ except NoTopology as e:
 """
 
 
+@pytest.mark.slow  # needs jax's CUDA plugin (the test extra installs it; the sdist's fast tier has none)
 @pytest.mark.parametrize(
     ("field", "expected"),
     [("collective_memory_granularity", "device: NVIDIA RTX A6000"), ("no_field_jaxfit_knows", "unreadable: True")],
